@@ -1,0 +1,106 @@
+"""The DualPace CPU engine round (paper Appendix A.2, steps 1-5).
+
+The CPU engine advances host-resident decodes on its own clock. It trusts the B_migration the
+GPU last published and never bypasses an unready head of its waiting queue.
+"""
+
+from __future__ import annotations
+
+from .plans import CpuPlan, CpuResult
+from .request import Owner, Request
+from .routing import route_for
+from .state import EngineState
+
+
+class CpuScheduler:
+    """Forms CPU decode batches over host-resident requests."""
+
+    def __init__(self, state: EngineState) -> None:
+        self.state = state
+
+    def schedule(self) -> CpuPlan:
+        """Decide the next batch without mutating the shared state."""
+        st, cfg = self.state, self.state.config
+        # 1. Local admission budget: what the envelope leaves after materialized use and the
+        #    migration reserve. Each selected request consumes its whole remaining growth
+        #    (b̂ - b), which covers its next-token block too.
+        budget = st.host.capacity - st.host.used - st.b_migration
+        limit = cfg.cpu_batch_limit
+        batch: list[Request] = []
+        held_back: list[Request] = []  # yielded (marked) or past the frontier boundary
+        # 2. Preserve the running frontier, FIFO.
+        boundary = False
+        for r in st.cpu_running:
+            if r.marked:
+                held_back.append(r)
+                continue
+            growth = r.peak_blocks - len(r.blocks)
+            if boundary or len(batch) >= limit or growth > budget:
+                boundary = True
+                held_back.append(r)
+                continue
+            batch.append(r)
+            budget -= growth
+        # 3. Admit the ready waiting prefix, only when the frontier stayed intact.
+        admitted = 0
+        if not held_back:
+            for r in st.cpu_waiting:
+                if len(batch) >= limit or not r.ready or r.marked:
+                    break
+                growth = r.peak_blocks - len(r.blocks)
+                if growth > budget:
+                    break
+                batch.append(r)
+                budget -= growth
+                admitted += 1
+        plan = CpuPlan(
+            batch=batch,
+            route=route_for(len(batch), cfg.route_p, cfg.route_f),
+            context=sum(r.kv_tokens_after_step for r in batch),
+            held_back=held_back,
+            admitted=admitted,
+        )
+        # 4. Wait on readiness (or on the GPU taking a marked head) rather than bypassing it.
+        if not batch and st.cpu_waiting:
+            head = st.cpu_waiting[0]
+            if not head.ready or head.marked:
+                plan.wait_for = head
+        return plan
+
+    def commit(self, plan: CpuPlan) -> None:
+        """5. Materialize only the next-token blocks; finish-peak stays a reservation."""
+        st, bs = self.state, self.state.config.block_size
+        if plan.held_back:
+            st.cpu_waiting.extendleft(reversed(plan.held_back))
+        for _ in range(plan.admitted):
+            st.cpu_waiting.popleft()
+        for r in plan.batch:
+            n = r.next_blocks(bs)
+            if n:
+                r.blocks.extend(st.host.allocate(n))
+        st.cpu_running = list(plan.batch)
+        st.cpu_growth = sum(r.peak_blocks - len(r.blocks) for r in plan.batch)
+
+    def apply(self, plan: CpuPlan, result: CpuResult) -> None:
+        """Record sampled tokens; finished requests release their host KV."""
+        st, t = self.state, result.end_s
+        done = False
+        for r in plan.batch:
+            r.emit(t, Owner.CPU)
+            if len(r.token_times) >= r.max_tokens:
+                done = True
+        if done:
+            keep = []
+            for r in st.cpu_running:
+                if r.finished:
+                    st.host.release(r.blocks)
+                    r.blocks = []
+                    st.finished.append(r)
+                    if r.marked:
+                        r.marked = False
+                        st.marked.remove(r)
+                else:
+                    keep.append(r)
+            st.cpu_running = keep
+            st.cpu_growth = sum(r.peak_blocks - len(r.blocks) for r in keep)
+

@@ -1,0 +1,119 @@
+"""Shared request state: the only things the two engines share.
+
+Request ownership, transfer readiness, future migration intent (marks and B_migration) and the
+host-KV obligations of Eq. 2. Each engine mutates it only inside its own commit/apply steps, so
+both backends (simulated or real) see the same sequence of states for the same decisions.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from .blocks import BlockPool
+from .config import SchedulerConfig
+from .envelope import envelope_fits
+from .request import Owner, Request
+
+
+class EngineState:
+    """Queues, pools and published quantities of one serving node."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.hbm = BlockPool("HBM", config.gpu_kv_blocks)
+        self.host = BlockPool("host", config.host_kv_blocks)
+        self.gpu_waiting: deque[Request] = deque()  # prompts not yet admitted, FIFO
+        self.gpu_prefilling: list[Request] = []  # admitted prompts whose prefill is under way
+        self.gpu_running: list[Request] = []  # GPU ownership queue; eviction-priority tail last
+        self.cpu_waiting: deque[Request] = deque()  # CPU-side queue, FIFO, may hold unready ones
+        self.cpu_running: list[Request] = []  # the active CPU batch
+        self.marked: list[Request] = []  # CPU-owned requests marked for a future swap-in
+        self.b_migration = 0  # B_migration, published by each GPU round
+        self.b_migration_next = 0  # the value the GPU round being committed will publish
+        self.cpu_growth = 0  # B_growth = Σ over cpu_running of (b̂ - b)
+        self.copy_group: list[Request] = []  # Prefill-to-CPU requests whose copies are in flight
+        self.finished: list[Request] = []
+        self.n_submitted = 0
+
+    # --- arrivals and transfer completions (both engines observe these) -------------------
+
+    def submit(self, req: Request) -> None:
+        """Every request enters through the GPU engine: all prefills run on the GPU."""
+        self.gpu_waiting.append(req)
+        self.n_submitted += 1
+
+    def host_envelope_fits(self, planned: int = 0, migration: int | None = None) -> bool:
+        m = self.b_migration if migration is None else migration
+        return envelope_fits(self.host.used, planned, self.cpu_growth, m, self.host.capacity)
+
+    def cpu_owned_count(self) -> int:
+        """Requests owned by, or in transit to, the CPU engine (host decode-admission limit)."""
+        return len(self.cpu_waiting) + len(self.cpu_running)
+
+    def complete_migrations(self, swap_outs: list[Request], swap_ins: list[Request], t: float):
+        """Swap transfers landed: ownership flips and the source copies are released."""
+        for r in swap_outs:
+            r.owner, r.ready, r.transit_to = Owner.CPU, True, None
+            r.migrations.append((t, "swap_out"))
+        for r in swap_ins:
+            self.host.release(r.source_blocks)
+            r.source_blocks = []
+            r.owner, r.ready, r.transit_to = Owner.GPU, True, None
+            r.migrations.append((t, "swap_in"))
+
+    def complete_copy_group(self, t: float) -> None:
+        """The last layer of every Prefill-to-CPU copy landed: those requests become ready."""
+        done = [r for r in self.copy_group]
+        self.copy_group = []
+        gone = False
+        for r in done:
+            r.owner, r.ready, r.transit_to = Owner.CPU, True, None
+            r.migrations.append((t, "prefill_to_cpu"))
+            if r.finished:  # max_tokens == 1: the first token finished it
+                self.host.release(r.blocks)
+                r.blocks = []
+                self.finished.append(r)
+                gone = True
+        if gone:
+            self.cpu_waiting = deque(r for r in self.cpu_waiting if not r.finished)
+
+    # --- invariants (tests call this after every commit and apply) ------------------------
+
+    def check_invariants(self) -> None:
+        """Single ownership, pool accounting and the host envelope (Eq. 2)."""
+        seen: dict[int, str] = {}
+        queues = {
+            "gpu_waiting": self.gpu_waiting, "gpu_prefilling": self.gpu_prefilling,
+            "gpu_running": self.gpu_running, "cpu_waiting": self.cpu_waiting,
+            "cpu_running": self.cpu_running, "finished": self.finished,
+        }
+        hbm_held = host_held = 0
+        for name, queue in queues.items():
+            for r in queue:
+                assert r.req_id not in seen, f"request {r.req_id} in {seen[r.req_id]} and {name}"
+                seen[r.req_id] = name
+                if name == "finished":
+                    assert r.finished and not r.blocks and not r.source_blocks, r.req_id
+                    continue
+                tier_is_gpu = name.startswith("gpu") and not (
+                    name == "gpu_prefilling" and r.to_cpu
+                )
+                if tier_is_gpu:
+                    hbm_held += len(r.blocks)
+                    host_held += len(r.source_blocks)
+                else:
+                    host_held += len(r.blocks)
+                if r.ready:
+                    expected = Owner.GPU if name.startswith("gpu") else Owner.CPU
+                    assert r.owner == expected, f"request {r.req_id} in {name} owned by {r.owner}"
+                else:
+                    assert r.transit_to is not None and r.owner != r.transit_to, r.req_id
+        assert len(seen) == self.n_submitted, f"{self.n_submitted - len(seen)} requests lost"
+        assert hbm_held == self.hbm.used, f"HBM accounting: held {hbm_held}, used {self.hbm.used}"
+        assert host_held == self.host.used, f"host accounting: {host_held} vs {self.host.used}"
+        growth = sum(max(r.peak_blocks - len(r.blocks), 0) for r in self.cpu_running)
+        assert growth == self.cpu_growth, f"B_growth {self.cpu_growth}, actual {growth}"
+        assert self.host_envelope_fits(), (
+            f"host envelope: used {self.host.used} + growth {self.cpu_growth} + migration "
+            f"{self.b_migration} > capacity {self.host.capacity}"
+        )

@@ -1,0 +1,121 @@
+"""Per-request records of a run, as a DataFrame and as Parquet.
+
+One row per request keeps every client-observed token time and its owner, so any metric (and any
+metric invented later) can be recomputed from the file without rerunning the simulation. Writing
+goes through one fixed Arrow schema with no pandas or time metadata, so identical runs give
+byte-identical files and results can be compared with a checksum.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+MIGRATION_KINDS = frozenset({"swap_out", "swap_in", "prefill_to_cpu"})
+OWNER_LETTERS = {0: "G", 1: "C"}  # token_owners byte -> letter: GPU engine, CPU engine
+
+RECORDS_SCHEMA = pa.schema([
+    ("policy", pa.string()),
+    ("request_id", pa.int64()),
+    ("arrival_s", pa.float64()),
+    ("prompt_tokens", pa.int64()),
+    ("max_tokens", pa.int64()),
+    ("n_tokens", pa.int64()),
+    ("first_token_s", pa.float64()),
+    ("finish_s", pa.float64()),
+    ("token_times_s", pa.list_(pa.float64())),
+    ("token_owners", pa.string()),
+    ("migration_times_s", pa.list_(pa.float64())),
+    ("migration_kinds", pa.list_(pa.string())),
+])
+
+_OWNER_TABLE = bytes(ord(OWNER_LETTERS.get(b, "?")) for b in range(256))
+
+
+class FinishedRequest(Protocol):
+    """What the simulator (or the real runtime) hands over for each request."""
+
+    req_id: int
+    arrival_s: float
+    prompt_tokens: int
+    max_tokens: int
+    token_times: Sequence[float]
+    token_owners: bytes | bytearray
+    migrations: Sequence[tuple[float, str]]
+
+
+def records_frame(requests: Iterable[FinishedRequest], policy: str) -> pd.DataFrame:
+    """One row per request, sorted by request id, with the columns of :data:`RECORDS_SCHEMA`.
+
+    ``finish_s`` is the last token's time (whether or not the request reached ``max_tokens``);
+    requests without tokens have empty lists and NaN first/finish times.
+    """
+    columns: dict[str, list] = {name: [] for name in RECORDS_SCHEMA.names}
+    for req in sorted(requests, key=lambda r: r.req_id):
+        times = [float(t) for t in req.token_times]
+        columns["policy"].append(policy)
+        columns["request_id"].append(int(req.req_id))
+        columns["arrival_s"].append(float(req.arrival_s))
+        columns["prompt_tokens"].append(int(req.prompt_tokens))
+        columns["max_tokens"].append(int(req.max_tokens))
+        columns["n_tokens"].append(len(times))
+        columns["first_token_s"].append(times[0] if times else math.nan)
+        columns["finish_s"].append(times[-1] if times else math.nan)
+        columns["token_times_s"].append(times)
+        columns["token_owners"].append(_owner_letters(req, len(times)))
+        columns["migration_times_s"].append([float(t) for t, _ in req.migrations])
+        columns["migration_kinds"].append(_migration_kinds(req))
+    return _to_frame(pa.Table.from_pydict(columns, schema=RECORDS_SCHEMA))
+
+
+def _owner_letters(req: FinishedRequest, n_tokens: int) -> str:
+    owners = bytes(req.token_owners)
+    if len(owners) != n_tokens:
+        raise ValueError(
+            f"request {req.req_id}: {len(owners)} token owners for {n_tokens} token times"
+        )
+    letters = owners.translate(_OWNER_TABLE).decode("ascii")
+    if "?" in letters:
+        raise ValueError(f"request {req.req_id}: token owners must be 0 (GPU) or 1 (CPU)")
+    return letters
+
+
+def _migration_kinds(req: FinishedRequest) -> list[str]:
+    kinds = [str(kind) for _, kind in req.migrations]
+    unknown = set(kinds) - MIGRATION_KINDS
+    if unknown:
+        raise ValueError(
+            f"request {req.req_id}: unknown migration kind {sorted(unknown)[0]!r}; "
+            f"expected one of {', '.join(sorted(MIGRATION_KINDS))}"
+        )
+    return kinds
+
+
+def _to_frame(table: pa.Table) -> pd.DataFrame:
+    """The single Arrow -> pandas conversion, so fresh and reloaded frames look the same
+    (list columns hold numpy arrays)."""
+    return table.to_pandas()
+
+
+def write_records(df: pd.DataFrame, path: str | Path) -> None:
+    """Write a records frame (one or several policies) to Parquet, deterministically."""
+    missing = [name for name in RECORDS_SCHEMA.names if name not in df.columns]
+    if missing:
+        raise ValueError(f"records frame lacks column {missing[0]!r}; build it with records_frame")
+    table = pa.Table.from_pandas(df[RECORDS_SCHEMA.names], schema=RECORDS_SCHEMA,
+                                 preserve_index=False).replace_schema_metadata(None)
+    pq.write_table(table, Path(path))
+
+
+def read_records(path: str | Path) -> pd.DataFrame:
+    """Read a file written by :func:`write_records`."""
+    table = pq.read_table(Path(path))
+    if not table.schema.equals(RECORDS_SCHEMA):
+        raise ValueError(f"{path}: not a DualPace records file (schema differs); rewrite it")
+    return _to_frame(table)

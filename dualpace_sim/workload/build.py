@@ -1,0 +1,114 @@
+"""The scenario's ``workload:`` section and the request list it describes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from dualpace_sim.workload.arrivals import poisson_arrivals, trace_arrivals
+from dualpace_sim.workload.default import sample_lengths
+from dualpace_sim.workload.fetch import azure_trace_path
+from dualpace_sim.workload.spec import RequestSpec, WorkloadError
+from dualpace_sim.workload.traces import TraceRows, load_azure_trace, load_vidur_trace
+
+
+class WorkloadConfig(BaseModel):
+    """Where request lengths come from and how requests arrive.
+
+    ``source``: ``default`` samples the embedded Azure length tables (works offline); ``azure``
+    replays an Azure LLM Inference Trace 2023 file (``path``, or downloaded and cached when
+    absent); ``vidur`` replays a Vidur processed trace at ``path``. Traces use their first
+    ``num_requests`` rows. ``arrival: poisson`` offers ``rate`` req/s (normalized exponential gaps);
+    ``arrival: trace`` replays the trace's timestamps with every gap multiplied by ``time_scale``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: Literal["default", "azure", "vidur"] = "default"
+    trace: Literal["conv", "code"] = "conv"
+    path: str | None = None
+    num_requests: int = Field(2000, ge=1)
+    arrival: Literal["poisson", "trace"] = "poisson"
+    rate: float | None = Field(None, gt=0, allow_inf_nan=False)
+    time_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
+    seed: int = 0
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    max_output_tokens: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkloadConfig:
+        """Reject settings that would be silently ignored, so a typo'd study fails loudly."""
+        given = self.model_fields_set
+        if self.arrival == "poisson" and self.rate is None:
+            raise ValueError("arrival: poisson needs rate (requests per second, > 0)")
+        if self.arrival == "poisson" and "time_scale" in given:
+            raise ValueError("time_scale applies to arrival: trace; with poisson set rate")
+        if self.arrival == "trace" and self.rate is not None:
+            raise ValueError("rate applies to arrival: poisson; with trace arrivals use time_scale")
+        if self.source == "default" and self.arrival == "trace":
+            raise ValueError("source: default has no timestamps; use arrival: poisson")
+        if self.source == "default" and self.path is not None:
+            raise ValueError("source: default takes no path; use source: azure or vidur")
+        if self.source == "vidur" and self.path is None:
+            raise ValueError("source: vidur needs path (a Vidur processed trace CSV)")
+        if self.path is not None and "trace" in given:
+            raise ValueError("trace (conv/code) picks a built-in or downloaded trace; with path "
+                             "the file decides, so drop trace or path")
+        return self
+
+
+def with_rate(cfg: WorkloadConfig, rate: float) -> WorkloadConfig:
+    """A copy of ``cfg`` offering ``rate`` req/s; same seed, so only the load changes."""
+    if cfg.arrival != "poisson":
+        raise WorkloadError("a rate sweep needs workload.arrival: poisson")
+    return WorkloadConfig.model_validate({**cfg.model_dump(exclude_unset=True), "rate": rate})
+
+
+def build_requests(cfg: WorkloadConfig, base_dir: Path) -> list[RequestSpec]:
+    """The requests ``cfg`` describes, sorted by arrival.
+
+    Relative paths resolve against ``base_dir`` (the scenario file's folder). Arrivals and
+    sampled lengths use independent streams spawned from ``cfg.seed``, so changing the source
+    keeps the arrival times of a Poisson workload.
+    """
+    arrival_seed, length_seed = np.random.SeedSequence(cfg.seed).spawn(2)
+    if cfg.source == "default":
+        prompt, output = sample_lengths(
+            cfg.trace, cfg.num_requests, np.random.default_rng(length_seed)
+        )
+        timestamps = None
+    else:
+        rows = _load_trace(cfg, Path(base_dir))
+        prompt, output, timestamps = rows.prompt_tokens, rows.output_tokens, rows.timestamps_s
+    if cfg.arrival == "poisson":
+        arrivals = poisson_arrivals(len(prompt), cfg.rate, arrival_seed)
+    elif timestamps is None:
+        raise WorkloadError(
+            f"{cfg.path}: no arrived_at column, so arrival: trace is impossible; "
+            "use arrival: poisson with a rate"
+        )
+    else:
+        arrivals = trace_arrivals(timestamps, cfg.time_scale)
+    if cfg.max_prompt_tokens is not None:
+        prompt = np.minimum(prompt, cfg.max_prompt_tokens)
+    if cfg.max_output_tokens is not None:
+        output = np.minimum(output, cfg.max_output_tokens)
+    order = np.argsort(arrivals, kind="stable")
+    return [
+        RequestSpec(arrival_s=float(arrivals[i]), prompt_tokens=int(prompt[i]),
+                    max_tokens=int(output[i]))
+        for i in order
+    ]
+
+
+def _load_trace(cfg: WorkloadConfig, base_dir: Path) -> TraceRows:
+    if cfg.path is None:
+        return load_azure_trace(azure_trace_path(cfg.trace), first_n=cfg.num_requests)
+    path = Path(cfg.path).expanduser()
+    if not path.is_absolute():
+        path = base_dir / path
+    loader = load_azure_trace if cfg.source == "azure" else load_vidur_trace
+    return loader(path, first_n=cfg.num_requests)
