@@ -71,7 +71,8 @@ def records_frame(requests: Iterable[FinishedRequest], policy: str) -> pd.DataFr
         columns["token_owners"].append(_owner_letters(req, len(times)))
         columns["migration_times_s"].append([float(t) for t, _ in req.migrations])
         columns["migration_kinds"].append(_migration_kinds(req))
-    return _to_frame(pa.Table.from_pydict(columns, schema=RECORDS_SCHEMA))
+    # Through Arrow, so a fresh frame and a reloaded one look the same (lists as numpy arrays).
+    return pa.Table.from_pydict(columns, schema=RECORDS_SCHEMA).to_pandas()
 
 
 def _owner_letters(req: FinishedRequest, n_tokens: int) -> str:
@@ -97,12 +98,6 @@ def _migration_kinds(req: FinishedRequest) -> list[str]:
     return kinds
 
 
-def _to_frame(table: pa.Table) -> pd.DataFrame:
-    """The single Arrow -> pandas conversion, so fresh and reloaded frames look the same
-    (list columns hold numpy arrays)."""
-    return table.to_pandas()
-
-
 def write_records(df: pd.DataFrame, path: str | Path) -> None:
     """Write a records frame (one or several policies) to Parquet, deterministically."""
     missing = [name for name in RECORDS_SCHEMA.names if name not in df.columns]
@@ -116,6 +111,11 @@ def write_records(df: pd.DataFrame, path: str | Path) -> None:
 def read_records(path: str | Path) -> pd.DataFrame:
     """Read a file written by :func:`write_records`."""
     table = pq.read_table(Path(path))
-    if not table.schema.equals(RECORDS_SCHEMA):
-        raise ValueError(f"{path}: not a DualPace records file (schema differs); rewrite it")
-    return _to_frame(table)
+    problem = f"{path}: not a DualPace records file"
+    if table.schema.names != RECORDS_SCHEMA.names:
+        raise ValueError(f"{problem} (columns {', '.join(table.schema.names)}); rewrite it")
+    try:
+        table = table.cast(RECORDS_SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise ValueError(f"{problem} (column types differ); rewrite it") from exc
+    return table.to_pandas()

@@ -85,6 +85,7 @@ class GpuScheduler:
             peak=queue_peak + marked_peak,
             queue_peak=queue_peak,
             migration=migration_reserve((r.peak_blocks for r in queue), cfg.gpu_kv_blocks),
+            host_planned=plan.swap_out_blocks,  # swap-outs are same-round host allocations
             staging=cfg.staging_blocks,
         )
         plan.decodes = list(decodes)

@@ -51,7 +51,7 @@ class GpuPlan:
 
     @property
     def is_empty(self) -> bool:
-        return not (self.has_forward or self.has_migrations or self.wait_for_copies)
+        return not (self.has_forward or self.has_migrations or self.marks or self.wait_for_copies)
 
     @property
     def n_tokens(self) -> int:

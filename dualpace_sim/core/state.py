@@ -62,8 +62,9 @@ class EngineState:
             r.migrations.append((t, "swap_in"))
 
     def complete_copy_group(self, t: float) -> None:
-        """The last layer of every Prefill-to-CPU copy landed: those requests become ready."""
-        done = [r for r in self.copy_group]
+        """The last layer of every Prefill-to-CPU copy landed: requests whose final chunk was in
+        the group become ready; those still mid-prefill stay with the GPU."""
+        done = [r for r in self.copy_group if r.transit_to is Owner.CPU]  # last chunks only
         self.copy_group = []
         gone = False
         for r in done:

@@ -1,0 +1,5 @@
+"""SimPy backend: executes the core's plans against the cost model's times."""
+
+from .engine import SimOutput, Simulation, SimStats, SimulationStalled
+
+__all__ = ["SimOutput", "SimStats", "Simulation", "SimulationStalled"]

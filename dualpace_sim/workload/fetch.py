@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -70,7 +69,7 @@ def _download(url: str, dest: Path, sha256: str, timeout_s: float) -> None:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             data = response.read()
-    except (urllib.error.URLError, OSError) as exc:
+    except OSError as exc:  # URLError, HTTPError and timeouts are OSErrors
         reason = " ".join(str(getattr(exc, "reason", exc)).split())
         raise WorkloadError(f"could not download {url} ({reason}); {hint}") from exc
     digest = _sha256(data)

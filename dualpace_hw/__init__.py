@@ -1,0 +1,1 @@
+"""The real runtime (PyTorch executors, profiler); installed with the `hw` extra."""

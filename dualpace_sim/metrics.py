@@ -1,0 +1,139 @@
+"""Latency metrics, token timelines and sustainable request rate from per-request records.
+
+Definitions follow the paper (DESIGN.md §5): normalized latency is the mean of e2e latency divided
+by output length over completed requests; ITL is every client-observed gap between consecutive
+tokens of a request; TPOT is (e2e − TTFT)/(n_out − 1) per completed request with n_out > 1.
+Percentiles are numpy's linear ones. Everything works on the concatenated token times of all
+requests at once, because a sweep point has ~600k tokens and a sweep has dozens of points.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+TIMELINE_MAX_POINTS = 2000
+
+
+def _token_times(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """All token times concatenated in row order, and each request's token count."""
+    column = df["token_times_s"]
+    lengths = np.fromiter((len(t) for t in column), dtype=np.int64, count=len(column))
+    if lengths.sum() == 0:
+        return np.empty(0), lengths
+    return np.concatenate([np.asarray(t, dtype=float) for t in column]), lengths
+
+
+def _nan_stat(values: np.ndarray, q: float | None = None) -> float:
+    """Mean (q None) or q-th percentile; NaN when there is nothing to summarize."""
+    if values.size == 0:
+        return math.nan
+    return float(values.mean() if q is None else np.percentile(values, q))
+
+
+def ttft_values(df: pd.DataFrame) -> np.ndarray:
+    """Time to first token of every request that produced a token."""
+    ttft = df["first_token_s"].to_numpy(dtype=float) - df["arrival_s"].to_numpy(dtype=float)
+    return ttft[~np.isnan(ttft)]
+
+
+def itl_values(df: pd.DataFrame) -> np.ndarray:
+    """Every gap between consecutive tokens of the same request, over all requests."""
+    times, lengths = _token_times(df)
+    if times.size < 2:
+        return np.empty(0)
+    gaps = np.diff(times)
+    starts = np.cumsum(lengths) - lengths  # index of each request's first token
+    starts = starts[(lengths > 0) & (starts > 0)]
+    keep = np.ones(gaps.size, dtype=bool)
+    keep[starts - 1] = False  # the gap from the previous request's last token
+    return gaps[keep]
+
+
+def summarize(df: pd.DataFrame, duration_s: float | None = None) -> dict[str, float | int]:
+    """Headline metrics of one policy's records; NaN where a metric is undefined.
+
+    Throughput is total output tokens over ``duration_s`` when given (e.g. a fixed measurement
+    window), otherwise over last token time − first arrival (``makespan_s``).
+    """
+    if df["policy"].nunique() > 1:
+        raise ValueError("summarize takes the records of one policy; group by 'policy' first")
+    arrival = df["arrival_s"].to_numpy(dtype=float)
+    first = df["first_token_s"].to_numpy(dtype=float)
+    finish = df["finish_s"].to_numpy(dtype=float)
+    n_tokens = df["n_tokens"].to_numpy(dtype=np.int64)
+    done = (n_tokens == df["max_tokens"].to_numpy(dtype=np.int64)) & (n_tokens > 0)
+    multi = done & (n_tokens > 1)
+    ttft = ttft_values(df)
+    total_tokens = int(n_tokens.sum())
+    cpu_tokens = "".join(df["token_owners"]).count("C")
+    makespan = float(np.nanmax(finish) - arrival.min()) if total_tokens else math.nan
+    window = makespan if duration_s is None else float(duration_s)
+    return {
+        "submitted": len(df),
+        "completed": int(done.sum()),
+        "normalized_latency_s": _nan_stat((finish[done] - arrival[done]) / n_tokens[done]),
+        "mean_ttft_s": _nan_stat(ttft),
+        "p50_ttft_s": _nan_stat(ttft, 50),
+        "p99_ttft_s": _nan_stat(ttft, 99),
+        "p99_itl_s": _nan_stat(itl_values(df), 99),
+        "p99_tpot_s": _nan_stat((finish[multi] - first[multi]) / (n_tokens[multi] - 1), 99),
+        "throughput_tok_s": total_tokens / window if window > 0 else math.nan,
+        "cpu_token_fraction": cpu_tokens / total_tokens if total_tokens else math.nan,
+        "makespan_s": makespan,
+    }
+
+
+def token_timeline(df: pd.DataFrame, max_points: int = TIMELINE_MAX_POINTS) -> pd.DataFrame:
+    """Cumulative generated tokens and cumulative CPU-produced tokens at each distinct token time.
+
+    Longer timelines are sampled at ``max_points`` evenly spaced events (always keeping the last);
+    the counts at kept times stay exact.
+    """
+    times, _ = _token_times(df)
+    is_cpu = np.frombuffer("".join(df["token_owners"]).encode("ascii"), dtype=np.uint8) == ord("C")
+    order = np.argsort(times, kind="stable")
+    times, is_cpu = times[order], is_cpu[order]
+    total = np.arange(1, times.size + 1, dtype=np.int64)
+    cpu = np.cumsum(is_cpu, dtype=np.int64)
+    ends_time = np.append(times[1:] != times[:-1], True) if times.size else np.zeros(0, bool)
+    last_of_time = np.flatnonzero(ends_time)
+    if len(last_of_time) > max_points:
+        pick = np.unique(np.linspace(0, len(last_of_time) - 1, max_points).round().astype(int))
+        last_of_time = last_of_time[pick]
+    return pd.DataFrame({
+        "time_s": times[last_of_time],
+        "total_tokens": total[last_of_time],
+        "cpu_tokens": cpu[last_of_time],
+    })
+
+
+def sustainable_rate(
+    rates: Sequence[float], values: Sequence[float], target: float
+) -> float | str:
+    """Highest offered rate at which ``values`` (a latency that grows with load) meets ``target``.
+
+    Linear interpolation between the last measured rate that meets the target and the next one,
+    never extrapolation: "below_sweep" when the lowest rate already misses it, "above_sweep" when
+    every rate meets it. A NaN value (nothing completed) misses the target; next to a passing point
+    it acts as an infinite latency, so the answer is the passing rate itself.
+    """
+    r = np.asarray(rates, dtype=float)
+    v = np.asarray(values, dtype=float)
+    if r.size == 0 or r.shape != v.shape:
+        raise ValueError("sustainable_rate needs equally long, non-empty rates and values")
+    if np.any(np.diff(r) <= 0):
+        raise ValueError("sustainable_rate needs strictly increasing rates")
+    with np.errstate(invalid="ignore"):
+        misses = ~(v <= target)
+    if misses[0]:
+        return "below_sweep"
+    if not misses.any():
+        return "above_sweep"
+    k = int(np.argmax(misses))
+    if np.isnan(v[k]):
+        return float(r[k - 1])
+    return float(r[k - 1] + (target - v[k - 1]) / (v[k] - v[k - 1]) * (r[k] - r[k - 1]))

@@ -1,0 +1,217 @@
+"""The YAML scenario: schema, validation with one-line errors, and what a run is built from.
+
+A scenario names the box (a calibration profile, or a roofline synthesized from a hardware spec
+and a model), the workload, the policies and any scheduler overrides. Every error says which
+file, which field and what is allowed, because users edit these files by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .core import SchedulerConfig, check_thresholds
+from .costs import CostModel, ModelShape, Profile, load_profile, load_spec, synthesize
+from .workload import RequestSpec, WorkloadConfig, build_requests, with_rate
+
+POLICIES = ("dualpace",)
+
+# Paper §4.3 values for Llama-3.1-8B on the RTX 4090 box, used when neither the scenario nor the
+# profile's fitted controls give a value.
+PAPER_CONTROLS = {"route_p": 32, "route_f": 16, "gpu_token_limit": 1024, "cpu_batch_limit": 256}
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot run; the message is one line naming file, field and fix."""
+
+
+class RooflineSource(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hardware: str = Field(description="packaged spec name or path to a hardware spec YAML")
+    model: str = Field(description="built-in model name or path to a HF config.json")
+    host_kv_gib: float | None = Field(None, gt=0)
+    gpu_mem_util: float = Field(0.9, gt=0, le=1)
+
+
+class SchedulerOverrides(BaseModel):
+    """Anything left out comes from the profile (capacities, fitted controls) or the defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+    gpu_kv_blocks: int | None = Field(None, ge=1)
+    host_kv_blocks: int | None = Field(None, ge=1)
+    gpu_max_rows: int = Field(256, ge=1)
+    gpu_token_limit: int | None = Field(None, ge=1)
+    gpu_hard_token_limit: int = Field(8192, ge=1)
+    staging_blocks: int = Field(512, ge=0)
+    cpu_batch_limit: int | None = Field(None, ge=1)
+    host_max_requests: int = Field(4096, ge=1)
+    route_p: int | None = Field(None, ge=0)
+    route_f: int | None = Field(None, ge=0)
+
+
+class Scenario(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = "scenario"
+    description: str = ""
+    profile: str | None = Field(None, description="path to a calibration profile YAML")
+    roofline: RooflineSource | None = None
+    policies: list[Literal["dualpace"]] = Field(default_factory=lambda: ["dualpace"], min_length=1)
+    workload: WorkloadConfig
+    scheduler: SchedulerOverrides = Field(default_factory=SchedulerOverrides)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Scenario:
+        if (self.profile is None) == (self.roofline is None):
+            raise ValueError("give exactly one of profile (a calibration file) or roofline "
+                             "(hardware + model)")
+        return self
+
+
+@dataclass
+class ControlChoice:
+    value: int
+    source: str  # "scenario", "profile fit" or "paper default"
+
+
+@dataclass
+class LoadedScenario:
+    """Everything one `run` needs, resolved and validated."""
+
+    path: Path
+    spec: Scenario
+    profile: Profile
+    profile_source: str
+    cost: CostModel
+    config: SchedulerConfig
+    controls: dict[str, ControlChoice]
+    requests: list[RequestSpec]
+
+
+def _format_validation(path: Path, err: ValidationError) -> str:
+    first = err.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key; check the spelling against the scenario reference in README.md"
+    elif first["type"] == "literal_error":
+        msg = f"{msg} (got {first.get('input')!r})"
+    elif "input" in first and first["type"] not in ("missing",):
+        msg = f"{msg} (got {first['input']!r})"
+    return f"{path}: {field}: {msg}"
+
+
+def read_scenario(path: Path) -> Scenario:
+    """Parse and validate the YAML file without loading anything it refers to."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: no such scenario file") from None
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{path}: expected a mapping of scenario fields at the top level")
+    try:
+        return Scenario.model_validate(raw)
+    except ValidationError as e:
+        raise ScenarioError(_format_validation(path, e)) from None
+
+
+def _resolve(base: Path, name: str) -> Path:
+    p = Path(name).expanduser()
+    return p if p.is_absolute() else base / p
+
+
+def _load_profile(path: Path, spec: Scenario) -> tuple[Profile, str]:
+    base = path.parent
+    if spec.profile is not None:
+        ppath = _resolve(base, spec.profile)
+        if not ppath.exists():
+            raise ScenarioError(f"{path}: profile: file {ppath} does not exist; give a path "
+                                "relative to the scenario file")
+        try:
+            return load_profile(ppath), str(ppath)
+        except ValueError as e:
+            raise ScenarioError(f"{path}: profile: {e}") from None
+    src = spec.roofline
+    try:
+        hw = src.hardware
+        hw_spec = load_spec(_resolve(base, hw) if hw.endswith((".yaml", ".yml")) else hw)
+        model = src.model
+        shape = (ModelShape.from_hf_config(_resolve(base, model)) if model.endswith(".json")
+                 else ModelShape.from_name(model))
+        profile = synthesize(hw_spec, shape, gpu_mem_util=src.gpu_mem_util,
+                             host_kv_gib=src.host_kv_gib)
+    except (ValueError, OSError) as e:
+        raise ScenarioError(f"{path}: roofline: {e}") from None
+    return profile, f"roofline:{src.hardware}/{src.model}"
+
+
+def _controls(spec: Scenario, profile: Profile) -> dict[str, ControlChoice]:
+    fitted = profile.controls
+    out = {}
+    for name, default in PAPER_CONTROLS.items():
+        given = getattr(spec.scheduler, name)
+        from_profile = getattr(fitted, name, None) if fitted is not None else None
+        if given is not None:
+            out[name] = ControlChoice(given, "scenario")
+        elif from_profile is not None:
+            out[name] = ControlChoice(from_profile, "profile fit")
+        else:
+            out[name] = ControlChoice(default, "paper default")
+    return out
+
+
+def load_scenario(path: Path | str, rate: float | None = None) -> LoadedScenario:
+    """Read, validate and resolve a scenario; `rate` overrides the offered load (sweeps)."""
+    path = Path(path)
+    spec = read_scenario(path)
+    if rate is not None:
+        try:
+            spec = spec.model_copy(update={"workload": with_rate(spec.workload, rate)})
+        except ValueError as e:
+            raise ScenarioError(f"{path}: workload: {e}") from None
+    profile, source = _load_profile(path, spec)
+    controls = _controls(spec, profile)
+    s = spec.scheduler
+    try:
+        check_thresholds(controls["route_p"].value, controls["route_f"].value)
+        config = SchedulerConfig(
+            gpu_kv_blocks=s.gpu_kv_blocks or profile.gpu.kv_capacity_blocks,
+            host_kv_blocks=s.host_kv_blocks or profile.cpu.kv_capacity_blocks,
+            block_size=profile.block_size,
+            gpu_max_rows=s.gpu_max_rows,
+            gpu_token_limit=controls["gpu_token_limit"].value,
+            gpu_hard_token_limit=s.gpu_hard_token_limit,
+            staging_blocks=s.staging_blocks,
+            cpu_batch_limit=controls["cpu_batch_limit"].value,
+            host_max_requests=s.host_max_requests,
+            route_p=controls["route_p"].value,
+            route_f=controls["route_f"].value,
+        )
+    except ValueError as e:
+        raise ScenarioError(f"{path}: scheduler: {e}") from None
+    try:
+        requests = build_requests(spec.workload, path.parent)
+    except ValueError as e:
+        raise ScenarioError(f"{path}: workload: {e}") from None
+    _check_fits(path, requests, config)
+    return LoadedScenario(path, spec, profile, source, CostModel(profile), config, controls,
+                          requests)
+
+
+def _check_fits(path: Path, requests: list[RequestSpec], config: SchedulerConfig) -> None:
+    """A request whose finish-peak exceeds the host pool could never finish: refuse up front.
+    (One larger than HBM can still finish on the CPU, which is the point of the host tier.)"""
+    bs, cap = config.block_size, config.host_kv_blocks
+    for i, r in enumerate(requests):
+        peak = -(-(r.prompt_tokens + r.max_tokens) // bs)
+        if peak > cap:
+            raise ScenarioError(
+                f"{path}: workload: request {i} needs {peak} KV blocks at its finish-peak but the "
+                f"host KV pool holds {cap}; set workload.max_prompt_tokens / max_output_tokens "
+                f"or enlarge scheduler.host_kv_blocks"
+            )

@@ -1,0 +1,80 @@
+"""The simulated GPU worker: GPU-main batches as FIFO stage tasks plus Dense Assist service.
+
+A GPU-main batch is the stage sequence pre-layer, N transformer layers, post-layer. When Dense
+Assist is reachable, the worker polls for a ready assist at every stage boundary (after the
+pre-layer and after each layer, i.e. also before the post-layer) and services it before the
+next stage; a running stage is never preempted. The boundaries of the current batch form an
+arithmetic progression, so finding "the next boundary after t" and pushing the rest of the batch
+back by an assist's service time are O(1) without one SimPy event per stage.
+"""
+
+from __future__ import annotations
+
+import math
+
+import simpy
+
+
+class GpuDevice:
+    def __init__(self, env: simpy.Environment, poll_s: float, stage_mode: bool) -> None:
+        self.env = env
+        self.poll_s = poll_s if stage_mode else 0.0  # whole-forward path: no boundary checks
+        self.stage_mode = stage_mode
+        self.busy_until = 0.0  # end of an assist serviced while no main batch runs
+        self.busy_s = 0.0  # GPU-main time, for utilization
+        self.assist_s = 0.0  # time spent servicing Dense Assist
+        self.assist_calls = 0
+        self._active = False
+        self._first = 0.0  # time of boundary 0 (after the pre-layer), before shifts
+        self._layer = 0.0  # one layer stage plus its boundary poll
+        self._n_layers = 0
+        self._end = 0.0  # planned batch end, before shifts
+        self._shift = 0.0  # total assist service inserted into the running batch
+        self._next_k = 0  # first boundary that can still take an assist
+
+    def run_batch(self, pre_s: float, layer_s: float, n_layers: int, post_s: float):
+        """SimPy process body: wait for a pending assist, run the stages, return the time the
+        last transformer layer finished (when its Prefill-to-CPU copy can start)."""
+        env = self.env
+        while self.busy_until > env.now:
+            yield env.timeout(self.busy_until - env.now)
+        start = env.now
+        self._first = start + pre_s + self.poll_s
+        self._layer = layer_s + self.poll_s
+        self._n_layers = n_layers
+        self._end = self._first + n_layers * self._layer + post_s
+        self._shift = 0.0
+        self._next_k = 0
+        self._active = True
+        while True:
+            remaining = self._end + self._shift - env.now
+            if remaining <= 1e-12:
+                break
+            yield env.timeout(remaining)
+        self._active = False
+        self.busy_s += self._end - start
+        return self._first + n_layers * self._layer + self._shift
+
+    def planned_layer_ends(self, start: float, pre_s: float, layer_s: float, n: int) -> list[float]:
+        first = start + pre_s + self.poll_s
+        step = layer_s + self.poll_s
+        return [first + (k + 1) * step for k in range(n)]
+
+    def assist(self, ready_s: float, service_s: float) -> float:
+        """Book a Dense Assist that became ready at `ready_s`; returns its service start."""
+        self.assist_calls += 1
+        self.assist_s += service_s
+        if self._active:
+            since_first = ready_s - self._shift - self._first
+            k = max(self._next_k, math.ceil(since_first / self._layer - 1e-9))
+            if k <= self._n_layers:  # at a stage boundary of the running batch
+                start = self._first + k * self._layer + self._shift
+                self._shift += service_s
+                self._next_k = k + 1
+                return start
+            start = self._end + self._shift  # in the post-layer: right after the batch
+            self.busy_until = start + service_s
+            return start
+        start = max(ready_s, self.busy_until)
+        self.busy_until = start + service_s
+        return start

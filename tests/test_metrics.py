@@ -1,0 +1,113 @@
+import math
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dualpace_sim.metrics import itl_values, summarize, sustainable_rate, token_timeline
+from dualpace_sim.records import records_frame
+
+
+def req(req_id, arrival, max_tokens, times, owners):
+    return SimpleNamespace(req_id=req_id, arrival_s=arrival, prompt_tokens=10,
+                           max_tokens=max_tokens, token_times=times,
+                           token_owners=bytearray("GC".index(c) for c in owners), migrations=[])
+
+
+@pytest.fixture
+def records() -> pd.DataFrame:
+    """A: done, 3 tokens; D: never started; B: done, 2 tokens; C: 1 of 4 tokens."""
+    return records_frame([
+        req(0, 0.0, 3, [1.0, 2.0, 4.0], "GCC"),  # A
+        req(1, 3.0, 2, [], ""),  # D
+        req(2, 1.0, 2, [2.0, 3.5], "GG"),  # B
+        req(3, 2.0, 4, [5.0], "C"),  # C
+    ], "dualpace")
+
+
+def test_summary_matches_hand_computation(records):
+    s = summarize(records)
+    assert (s["submitted"], s["completed"]) == (4, 2)
+    assert s["normalized_latency_s"] == pytest.approx((4.0 / 3 + 2.5 / 2) / 2)
+    # TTFT: A 1, B 1, C 3 -> p99 at position 1.98 of [1, 1, 3]
+    assert s["mean_ttft_s"] == pytest.approx(5 / 3)
+    assert s["p50_ttft_s"] == pytest.approx(1.0)
+    assert s["p99_ttft_s"] == pytest.approx(1 + 0.98 * 2)
+    # ITL: A 1, 2; B 1.5 (no gap across requests) -> p99 at 1.98 of [1, 1.5, 2]
+    np.testing.assert_allclose(np.sort(itl_values(records)), [1.0, 1.5, 2.0])
+    assert s["p99_itl_s"] == pytest.approx(1.5 + 0.98 * 0.5)
+    # TPOT: A (4-1)/2 = 1.5, B (3.5-2)/1 = 1.5
+    assert s["p99_tpot_s"] == pytest.approx(1.5)
+    assert s["throughput_tok_s"] == pytest.approx(6 / 5)
+    assert s["cpu_token_fraction"] == pytest.approx(3 / 6)
+    assert s["makespan_s"] == pytest.approx(5.0)
+    assert summarize(records, duration_s=10.0)["throughput_tok_s"] == pytest.approx(0.6)
+
+
+def test_empty_and_tokenless_inputs_give_nan():
+    for df in (records_frame([], "x"), records_frame([req(0, 0.0, 2, [], "")], "x")):
+        s = summarize(df)
+        assert s["completed"] == 0
+        for key in ("normalized_latency_s", "p99_ttft_s", "p99_itl_s", "p99_tpot_s",
+                    "throughput_tok_s", "cpu_token_fraction", "makespan_s"):
+            assert math.isnan(s[key]), key
+    assert token_timeline(records_frame([], "x")).empty
+
+
+def test_one_policy_at_a_time(records):
+    both = pd.concat([records, records.assign(policy="vllm")])
+    with pytest.raises(ValueError, match="one policy"):
+        summarize(both)
+
+
+def test_timeline_counts_tokens_per_distinct_time(records):
+    tl = token_timeline(records)
+    assert tl["time_s"].tolist() == [1.0, 2.0, 3.5, 4.0, 5.0]
+    assert tl["total_tokens"].tolist() == [1, 3, 4, 5, 6]
+    assert tl["cpu_tokens"].tolist() == [0, 1, 1, 2, 3]
+
+
+def big_records(n_requests=2000, n_tokens=300):
+    rng = np.random.default_rng(0)
+    reqs = []
+    for i in range(n_requests):
+        times = i * 0.1 + np.cumsum(rng.exponential(0.05, n_tokens))
+        owners = "".join(rng.choice(["G", "C"], n_tokens))
+        reqs.append(req(i, i * 0.1, n_tokens, times.tolist(), owners))
+    return records_frame(reqs, "x")
+
+
+def test_large_input_is_fast_and_timeline_is_downsampled():
+    df = big_records()
+    start = time.perf_counter()
+    s = summarize(df)
+    tl = token_timeline(df)
+    assert time.perf_counter() - start < 1.0
+    assert s["completed"] == 2000 and len(itl_values(df)) == 2000 * 299
+    assert len(tl) <= 2000
+    assert tl["total_tokens"].iloc[-1] == 600_000
+    assert np.all(np.diff(tl["time_s"]) > 0)
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([0.2, 0.5, 1.5, 3.0], 2.5),
+        ([0.2, 1.0, 2.0, 3.0], 2.0),  # meeting the target exactly passes
+        ([1.2, 1.5, 2.0, 3.0], "below_sweep"),
+        ([0.1, 0.2, 0.3, 0.9], "above_sweep"),
+        ([0.2, 0.5, math.nan, math.nan], 2.0),
+        ([math.nan, 0.5, 0.6, 0.7], "below_sweep"),
+    ],
+)
+def test_sustainable_rate(values, expected):
+    assert sustainable_rate([1.0, 2.0, 3.0, 4.0], values, target=1.0) == expected
+
+
+def test_sustainable_rate_rejects_bad_sweeps():
+    with pytest.raises(ValueError, match="increasing"):
+        sustainable_rate([2.0, 1.0], [0.1, 0.2], 1.0)
+    with pytest.raises(ValueError, match="equally long"):
+        sustainable_rate([1.0], [0.1, 0.2], 1.0)

@@ -1,0 +1,79 @@
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from dualpace_sim.records import RECORDS_SCHEMA, read_records, records_frame, write_records
+
+
+@dataclass
+class Req:
+    req_id: int
+    arrival_s: float
+    prompt_tokens: int
+    max_tokens: int
+    token_times: list[float] = field(default_factory=list)
+    token_owners: bytearray = field(default_factory=bytearray)
+    migrations: list[tuple[float, str]] = field(default_factory=list)
+
+
+def sample_requests() -> list[Req]:
+    return [
+        Req(2, 0.5, 100, 3, [1.0, 1.5, 2.5], bytearray([0, 1, 1]),
+            [(1.2, "swap_out"), (2.0, "swap_in")]),
+        Req(0, 0.0, 50, 2),
+        Req(1, 0.25, 70, 1, [0.75], bytearray([0]), [(0.3, "prefill_to_cpu")]),
+    ]
+
+
+def test_frame_has_one_sorted_row_per_request():
+    df = records_frame(sample_requests(), "dualpace")
+    assert list(df.columns) == RECORDS_SCHEMA.names
+    assert df["request_id"].tolist() == [0, 1, 2]
+    assert set(df["policy"]) == {"dualpace"}
+    assert df["n_tokens"].tolist() == [0, 1, 3]
+    assert df["token_owners"].tolist() == ["", "G", "GCC"]
+    last = df.iloc[2]
+    assert (last.first_token_s, last.finish_s) == (1.0, 2.5)
+    np.testing.assert_array_equal(last.token_times_s, [1.0, 1.5, 2.5])
+    np.testing.assert_array_equal(last.migration_times_s, [1.2, 2.0])
+    assert list(last.migration_kinds) == ["swap_out", "swap_in"]
+    empty = df.iloc[0]
+    assert math.isnan(empty.first_token_s) and math.isnan(empty.finish_s)
+    assert len(empty.token_times_s) == 0 and len(empty.migration_kinds) == 0
+
+
+def test_parquet_is_byte_identical_and_round_trips(tmp_path):
+    paths = [tmp_path / "a.parquet", tmp_path / "b.parquet"]
+    for path in paths:
+        write_records(records_frame(sample_requests(), "vllm"), path)
+    digests = {hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
+    assert len(digests) == 1
+    original = records_frame(sample_requests(), "vllm")
+    assert read_records(paths[0]).equals(original)
+
+
+def test_empty_input_writes_and_reads(tmp_path):
+    df = records_frame([], "neo")
+    write_records(df, tmp_path / "e.parquet")
+    back = read_records(tmp_path / "e.parquet")
+    assert len(back) == 0 and list(back.columns) == RECORDS_SCHEMA.names
+
+
+def test_inconsistent_requests_are_rejected():
+    with pytest.raises(ValueError, match="2 token owners for 1 token times"):
+        records_frame([Req(0, 0.0, 1, 1, [1.0], bytearray([0, 0]))], "x")
+    with pytest.raises(ValueError, match="0 \\(GPU\\) or 1 \\(CPU\\)"):
+        records_frame([Req(0, 0.0, 1, 1, [1.0], bytearray([2]))], "x")
+    with pytest.raises(ValueError, match="unknown migration kind 'teleport'"):
+        records_frame([Req(0, 0.0, 1, 1, migrations=[(0.1, "teleport")])], "x")
+
+
+def test_foreign_parquet_is_rejected(tmp_path):
+    records_frame(sample_requests(), "x")[["policy", "request_id"]].to_parquet(tmp_path / "f.pq")
+    with pytest.raises(ValueError, match="not a DualPace records file"):
+        read_records(tmp_path / "f.pq")
+    with pytest.raises(ValueError, match="lacks column"):
+        write_records(records_frame([], "x").drop(columns="finish_s"), tmp_path / "g.pq")

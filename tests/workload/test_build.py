@@ -1,0 +1,104 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from dualpace_sim.workload import (
+    RequestSpec,
+    WorkloadConfig,
+    WorkloadError,
+    build_requests,
+    with_rate,
+)
+
+CONV = "AzureLLMInferenceTrace_conv.csv"
+
+
+def arrivals(requests: list[RequestSpec]) -> np.ndarray:
+    return np.array([r.arrival_s for r in requests])
+
+
+def test_default_source_gives_sorted_poisson_requests(tmp_path):
+    cfg = WorkloadConfig(source="default", trace="code", num_requests=300, rate=2.0, seed=4)
+    requests = build_requests(cfg, tmp_path)
+    assert len(requests) == 300
+    assert all(isinstance(r, RequestSpec) for r in requests)
+    assert all(isinstance(r.prompt_tokens, int) and r.max_tokens >= 1 for r in requests)
+    times = arrivals(requests)
+    assert times[0] == 0.0 and np.all(np.diff(times) >= 0)
+    assert np.diff(times).mean() == pytest.approx(0.5, rel=1e-12)
+    assert build_requests(cfg, tmp_path) == requests
+
+
+def test_azure_replay_with_relative_path_and_trace_arrivals(azure_dir):
+    cfg = WorkloadConfig(source="azure", path=CONV, arrival="trace", time_scale=2.0)
+    requests = build_requests(cfg, azure_dir)
+    assert len(requests) == 2000
+    assert (requests[0].prompt_tokens, requests[0].max_tokens) == (374, 44)
+    assert requests[-1].arrival_s == pytest.approx(2 * 424.259457, abs=1e-6)
+
+
+def test_arrivals_do_not_depend_on_the_length_source(azure_dir):
+    kw = {"num_requests": 50, "rate": 3.0, "seed": 9}
+    sampled = build_requests(WorkloadConfig(source="default", **kw), azure_dir)
+    replayed = build_requests(WorkloadConfig(source="azure", path=CONV, **kw), azure_dir)
+    np.testing.assert_array_equal(arrivals(sampled), arrivals(replayed))
+
+
+def test_azure_without_path_uses_the_fetcher(azure_dir, monkeypatch):
+    monkeypatch.setenv("DUALPACE_AZURE_DIR", str(azure_dir))
+    requests = build_requests(WorkloadConfig(source="azure", trace="code", rate=1.0), Path("."))
+    assert np.mean([r.max_tokens for r in requests]) == pytest.approx(29.512)
+
+
+def test_clipping(azure_dir):
+    cfg = WorkloadConfig(source="azure", path=CONV, rate=1.0, max_prompt_tokens=512,
+                         max_output_tokens=64)
+    requests = build_requests(cfg, azure_dir)
+    assert max(r.prompt_tokens for r in requests) == 512
+    assert max(r.max_tokens for r in requests) == 64
+
+
+def test_vidur_without_timestamps_rejects_trace_arrivals(tmp_path):
+    (tmp_path / "v.csv").write_text("num_prefill_tokens,num_decode_tokens\n10,2\n20,3\n")
+    cfg = WorkloadConfig(source="vidur", path="v.csv", num_requests=2, arrival="trace")
+    with pytest.raises(WorkloadError, match="no arrived_at column"):
+        build_requests(cfg, tmp_path)
+    cfg = WorkloadConfig(source="vidur", path="v.csv", num_requests=2, rate=1.0)
+    assert [r.prompt_tokens for r in build_requests(cfg, tmp_path)] == [10, 20]
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({}, "needs rate"),
+        ({"rate": 0.0}, "greater than 0"),
+        ({"rate": 1.0, "time_scale": 2.0}, "time_scale applies"),
+        ({"arrival": "trace"}, "no timestamps"),
+        ({"source": "azure", "arrival": "trace", "rate": 1.0}, "rate applies"),
+        ({"source": "vidur", "rate": 1.0}, "needs path"),
+        ({"source": "default", "path": "x.csv", "rate": 1.0}, "takes no path"),
+        ({"source": "azure", "path": "x.csv", "trace": "code", "rate": 1.0}, "drop trace or path"),
+        ({"rate": 1.0, "num_request": 5}, "Extra inputs"),
+        ({"rate": 1.0, "num_requests": 0}, "greater than or equal to 1"),
+    ],
+)
+def test_config_rejects_inconsistent_settings(fields, expected):
+    with pytest.raises(ValidationError, match=expected):
+        WorkloadConfig(**fields)
+
+
+def test_with_rate_changes_only_the_load(tmp_path):
+    cfg = WorkloadConfig(num_requests=100, rate=1.0, seed=2)
+    faster = with_rate(cfg, 4.0)
+    assert faster.rate == 4.0 and cfg.rate == 1.0
+    assert faster.model_dump(exclude={"rate"}) == cfg.model_dump(exclude={"rate"})
+    slow, fast = build_requests(cfg, tmp_path), build_requests(faster, tmp_path)
+    assert [r.max_tokens for r in slow] == [r.max_tokens for r in fast]
+    np.testing.assert_allclose(arrivals(fast), arrivals(slow) / 4, rtol=1e-12)
+    with pytest.raises(ValidationError):
+        with_rate(cfg, -1.0)
+    trace_cfg = WorkloadConfig(source="azure", path=CONV, arrival="trace")
+    with pytest.raises(WorkloadError, match="arrival: poisson"):
+        with_rate(trace_cfg, 2.0)
