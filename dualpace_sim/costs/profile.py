@@ -1,0 +1,287 @@
+"""Calibration-profile file format (``dualpace-profile/1``).
+
+A profile is everything the simulator knows about one (box, model, parallelism): latency
+tables for the GPU, CPU and Dense Assist primitives, link bandwidths, KV capacities, and
+where the numbers came from. The schema is strict (unknown keys are errors) because a
+typo in a hand-edited profile would otherwise silently fall back to a default and skew
+every result computed from it. All times are in seconds.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from dualpace_sim.costs.shapes import ModelShape
+
+PROFILE_FORMAT = "dualpace-profile/1"
+# libyaml when available: profiles hold thousands of numbers and pure-Python YAML is slow.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class ProfileError(ValueError):
+    """A profile or hardware-spec file that cannot be used; the message names file and field."""
+
+
+class StrictModel(BaseModel):
+    """Base of every file-backed model: unknown keys and NaN/inf are errors."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def _strictly_increasing(values: list[float]) -> list[float]:
+    if len(values) < 2:
+        raise ValueError("needs at least 2 points")
+    if any(b <= a for a, b in zip(values, values[1:], strict=False)):
+        raise ValueError("must be strictly increasing")
+    return values
+
+
+def _non_negative(values: list[float]) -> None:
+    if any(v < 0 for v in values):
+        raise ValueError("must be >= 0")
+
+
+class Table1D(StrictModel):
+    """y(x), sampled at strictly increasing x."""
+
+    x: list[float]
+    y: list[float]
+
+    _check_x = field_validator("x")(_strictly_increasing)
+
+    @field_validator("y")
+    @classmethod
+    def _check_y(cls, y: list[float], info: ValidationInfo) -> list[float]:
+        x = info.data.get("x")
+        if x is not None and len(y) != len(x):
+            raise ValueError(f"has {len(y)} values but x has {len(x)}")
+        _non_negative(y)
+        return y
+
+
+class Table2D(StrictModel):
+    """z(x, y) on the grid x × y; ``z[i][j]`` is the value at ``(x[i], y[j])``."""
+
+    x: list[float]
+    y: list[float]
+    z: list[list[float]]
+
+    _check_axes = field_validator("x", "y")(_strictly_increasing)
+
+    @field_validator("z")
+    @classmethod
+    def _check_z(cls, z: list[list[float]], info: ValidationInfo) -> list[list[float]]:
+        x, y = info.data.get("x"), info.data.get("y")
+        if x is not None and len(z) != len(x):
+            raise ValueError(f"has {len(z)} rows but x has {len(x)} values")
+        if y is not None and any(len(row) != len(y) for row in z):
+            raise ValueError(f"every row must have {len(y)} values (one per y)")
+        for row in z:
+            _non_negative(row)
+        return z
+
+
+class Provenance(StrictModel):
+    """Where the numbers came from. Roofline profiles are never presented as measurements."""
+
+    method: Literal["measured", "roofline"]
+    date: str
+    command: str | None = None
+    notes: str | None = None
+    # measured
+    host: str | None = None
+    cpu_model: str | None = None
+    gpu_model: str | None = None
+    cpu_cores: int | None = None
+    amx: bool | None = None
+    memory_gib: float | None = None
+    torch_version: str | None = None
+    cuda_version: str | None = None
+    onednn_version: str | None = None
+    # roofline
+    spec_name: str | None = None
+    spec: dict[str, Any] | None = None
+    efficiency: dict[str, float] | None = None
+    parameters: dict[str, int | float | None] | None = None  # synthesize() keyword arguments
+    generator_version: str | None = None
+
+    @field_validator("date", mode="before")
+    @classmethod
+    def _date_to_str(cls, value: Any) -> Any:
+        # YAML turns an unquoted 2026-01-31 into a date object; keep the ISO text.
+        return value.isoformat() if isinstance(value, dt.date) else value
+
+
+class Box(StrictModel):
+    name: str
+    gpu: str
+    gpu_count: PositiveInt = 1
+    tensor_parallel: PositiveInt = 1
+    cpu: str
+    cpu_cores: PositiveInt
+
+
+class GpuCosts(StrictModel):
+    """GPU-main primitives; per transformer layer unless the name says otherwise."""
+
+    pre_attn: Table1D  # (tokens)
+    post_attn: Table1D  # (tokens)
+    prefill_attn: Table2D  # (chunk tokens, context tokens after the chunk)
+    decode_attn: Table2D  # (decode requests, their total context tokens)
+    pre_layer: Table1D  # (tokens) embedding, whole model
+    post_layer: Table1D  # (rows) final norm + LM head + sampling, whole model
+    iteration_overhead_s: NonNegativeFloat
+    kv_capacity_blocks: NonNegativeInt
+
+
+class CpuCosts(StrictModel):
+    """CPU decode primitives per CPU batch size b; per layer unless whole-model."""
+
+    pre_layer: Table1D  # (b) whole model
+    pre_attn: Table1D  # (b)
+    decode_attn: Table2D  # (b, total context tokens)
+    post_attn: Table1D  # (b) t_p
+    post_layer: Table1D  # (b) t_l, whole model
+    assist_write: Table1D  # (b) a_w
+    assist_read: Table1D  # (b) a_r
+    hidden_write: Table1D  # (b) h_w
+    iteration_overhead_s: NonNegativeFloat
+    kv_capacity_blocks: NonNegativeInt
+
+
+class PerAssistPath(StrictModel):
+    """One constant per Dense Assist path (paper Appendix B: p, l_A, l_S)."""
+
+    p: NonNegativeFloat
+    lA: NonNegativeFloat
+    lS: NonNegativeFloat
+
+
+class AssistCosts(StrictModel):
+    g_p: Table1D
+    g_lA: Table1D
+    g_lS: Table1D
+    q: PerAssistPath  # CPU-visible control-path wait
+    o: PerAssistPath  # GPU-worker launch + finalization
+    poll_s: NonNegativeFloat  # per stage boundary on the GPU worker
+
+
+class LinkCosts(StrictModel):
+    """Host <-> GPU transfers (full duplex): time = latency + bytes / bandwidth."""
+
+    h2d_bytes_per_s: PositiveFloat
+    d2h_bytes_per_s: PositiveFloat
+    latency_s: NonNegativeFloat
+
+
+class NeoCosts(StrictModel):
+    # NEO hard-codes its CPU launch term to 0.8 ms (swiftllm perfpredictor `lnch_T`).
+    launch_s: NonNegativeFloat = 0.0008
+
+
+class Controls(StrictModel):
+    """Profile-guided controls (paper §4.3); filled by the fits, optional here."""
+
+    route_p: NonNegativeInt | None = None
+    route_f: NonNegativeInt | None = None
+    gpu_token_limit: PositiveInt | None = None
+    cpu_batch_limit: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _legal_thresholds(self) -> Controls:
+        p, f = self.route_p, self.route_f
+        if p is not None and f is not None and not (p == f == 0 or f < p):
+            raise ValueError(f"(route_p, route_f) = ({p}, {f}) must be (0, 0) or F < P")
+        return self
+
+
+class Profile(StrictModel):
+    format: Literal["dualpace-profile/1"]
+    provenance: Provenance
+    model: ModelShape
+    box: Box
+    block_size: PositiveInt = 16
+    gpu: GpuCosts
+    cpu: CpuCosts
+    assist: AssistCosts
+    link: LinkCosts
+    neo: NeoCosts = Field(default_factory=NeoCosts)
+    controls: Controls | None = None
+
+    def save(self, path: str | Path) -> None:
+        """Write YAML (or JSON when the suffix is ``.json``)."""
+        path = Path(path)
+        data = self.model_dump(mode="json", exclude_none=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".json":
+            path.write_text(json.dumps(data, indent=1) + "\n")
+            return
+        header = f"# {PROFILE_FORMAT}: {self.box.name} / {self.model.name}"
+        if self.provenance.method == "roofline":
+            header += " (roofline-derived from published specs; NOT a measurement)"
+        body = yaml.dump(data, Dumper=_DUMPER, sort_keys=False, default_flow_style=None, width=100)
+        path.write_text(f"{header}\n{body}")
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _one_line(source: str, err: ValidationError) -> str:
+    errors = err.errors()
+    first = errors[0]
+    loc = ".".join(str(part) for part in first["loc"]) or "<top level>"
+    msg = first["msg"].removeprefix("Value error, ")
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{source}: {loc}: {msg}{more}"
+
+
+def validate_file_data(model: type[_M], data: Any, source: str) -> _M:
+    """Validate parsed file contents, turning pydantic's report into a one-line ProfileError."""
+    if not isinstance(data, dict):
+        raise ProfileError(f"{source}: expected a mapping at the top level")
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ProfileError(_one_line(source, err)) from None
+
+
+def read_file_data(path: str | Path) -> Any:
+    """Parse a YAML (or ``.json``) file; syntax errors become a ProfileError naming the file."""
+    path = Path(path)
+    text = path.read_text()
+    if path.suffix == ".json":
+        # Not through YAML: YAML 1.1 reads JSON's 3e-06 as a string.
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ProfileError(f"{path}: invalid JSON (line {err.lineno}): {err.msg}") from None
+    try:
+        return yaml.load(text, Loader=_LOADER)
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ProfileError(f"{path}: invalid YAML{line}: {problem}") from None
+
+
+def load_profile(path: str | Path) -> Profile:
+    return validate_file_data(Profile, read_file_data(path), str(path))

@@ -1,0 +1,167 @@
+"""Transformer shapes: the few numbers that turn a model into bytes and FLOPs.
+
+The cost model, the roofline synthesizer and the KV pools all need the same derived
+quantities (KV bytes per token, weight bytes, linear FLOPs), so they live here, once.
+Only Llama-style decoders are described: RMSNorm, GQA attention, SwiGLU MLP, optional
+Qwen3 q/k norm.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Shape of a decoder-only model; every size is in elements unless the name says bytes."""
+
+    name: str
+    n_layers: int
+    hidden_size: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    qk_norm: bool = False
+    dtype_bytes: int = 2
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int" and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{f.name} must be a positive integer, got {value!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
+            )
+
+    # --- attention geometry -------------------------------------------------------------
+    @property
+    def q_dim(self) -> int:
+        """Width of the attention output (input of o_proj); differs from hidden for Qwen3-32B."""
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def kv_bytes_per_token_per_layer(self) -> int:
+        return 2 * self.kv_dim * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.kv_bytes_per_token_per_layer * self.n_layers
+
+    # --- parameters -------------------------------------------------------------------------
+    @property
+    def attn_params_per_layer(self) -> int:
+        """q, k, v and o projections (no biases in Llama/Qwen3)."""
+        return self.hidden_size * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden_size
+
+    @property
+    def mlp_params_per_layer(self) -> int:
+        """SwiGLU: gate, up and down projections."""
+        return 3 * self.hidden_size * self.intermediate_size
+
+    @property
+    def norm_params_per_layer(self) -> int:
+        return 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+
+    @property
+    def params_per_layer(self) -> int:
+        return self.attn_params_per_layer + self.mlp_params_per_layer + self.norm_params_per_layer
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        """Weights the LM head reads per call; it reads them even when tied to the embedding."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def total_params(self) -> int:
+        head = 0 if self.tie_word_embeddings else self.lm_head_params
+        final_norm = self.hidden_size
+        return self.n_layers * self.params_per_layer + self.embedding_params + head + final_norm
+
+    @property
+    def weight_bytes_per_layer(self) -> int:
+        return self.params_per_layer * self.dtype_bytes
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.total_params * self.dtype_bytes
+
+    @property
+    def linear_flops_per_token_per_layer(self) -> int:
+        """2 FLOPs per multiply-accumulate over the projection weights of one layer."""
+        return 2 * (self.attn_params_per_layer + self.mlp_params_per_layer)
+
+    # --- construction -----------------------------------------------------------------------
+    @classmethod
+    def from_name(cls, name: str) -> ModelShape:
+        try:
+            return BUILTIN_SHAPES[name]
+        except KeyError:
+            known = ", ".join(sorted(BUILTIN_SHAPES))
+            raise ValueError(f"unknown model {name!r}; known models: {known}") from None
+
+    @classmethod
+    def from_hf_config(
+        cls, source: str | Path | dict[str, Any], name: str | None = None
+    ) -> ModelShape:
+        """Read a Hugging Face ``config.json`` (a path, its directory, or the parsed dict).
+
+        Multimodal configs that nest the language model under ``text_config`` are accepted.
+        """
+        if isinstance(source, dict):
+            cfg, default_name = source, None
+        else:
+            path = Path(source)
+            if path.is_dir():
+                path = path / "config.json"
+            cfg = json.loads(path.read_text())
+            default_name = path.parent.name or None
+        cfg = cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg
+        model_type = str(cfg.get("model_type", ""))
+        n_heads = int(cfg["num_attention_heads"])
+        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+        return cls(
+            name=name or cfg.get("_name_or_path") or default_name or model_type or "hf-model",
+            n_layers=int(cfg["num_hidden_layers"]),
+            hidden_size=int(cfg["hidden_size"]),
+            n_heads=n_heads,
+            n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
+            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // n_heads),
+            intermediate_size=int(cfg["intermediate_size"]),
+            vocab_size=int(cfg["vocab_size"]),
+            qk_norm=model_type.startswith("qwen3"),
+            dtype_bytes=_DTYPE_BYTES.get(dtype, 2),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
+
+
+def _builtin() -> dict[str, ModelShape]:
+    # Values from the models' Hugging Face config.json files.
+    shapes = [
+        ModelShape("llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256),
+        ModelShape("qwen3-14b", 40, 5120, 40, 8, 128, 17408, 151936, qk_norm=True),
+        ModelShape("qwen3-32b", 64, 5120, 64, 8, 128, 25600, 151936, qk_norm=True),
+        # Tiny models for tests: same architecture, sizes small enough to run anywhere.
+        ModelShape("tiny-llama", 2, 64, 4, 2, 16, 128, 256),
+        ModelShape("tiny-qwen3", 2, 64, 4, 2, 32, 128, 256, qk_norm=True, tie_word_embeddings=True),
+    ]
+    return {s.name: s for s in shapes}
+
+
+BUILTIN_SHAPES: dict[str, ModelShape] = _builtin()

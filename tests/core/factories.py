@@ -1,0 +1,140 @@
+"""Small hand-built fixtures for the unit tests of the scheduling core.
+
+Each helper puts one request into one queue of an `EngineState`, holding the blocks a real run
+would have given it, so that `state.check_invariants()` holds after construction. Block counts
+default to what the request's KV occupies (prompt + generated - 1 tokens once it decodes); pass
+`blocks=` to override.
+"""
+
+from __future__ import annotations
+
+from dualpace_sim.core import (
+    CpuResult,
+    CpuScheduler,
+    EngineState,
+    GpuResult,
+    GpuScheduler,
+    Owner,
+    Request,
+    SchedulerConfig,
+    blocks_for,
+)
+
+BS = 4  # block size used throughout the unit tests: small numbers are easy to check by hand
+
+_next_id = [0]
+
+
+def make_state(gpu: int = 64, host: int = 256, **limits) -> EngineState:
+    """An empty state with `gpu` HBM blocks and `host` host blocks; other limits by keyword."""
+    limits.setdefault("block_size", BS)
+    limits.setdefault("route_p", 0)
+    limits.setdefault("route_f", 0)
+    return EngineState(SchedulerConfig(gpu_kv_blocks=gpu, host_kv_blocks=host, **limits))
+
+
+def make_req(
+    prompt: int, max_tokens: int = 8, generated: int = 0, *, bs: int = BS, req_id: int | None = None
+) -> Request:
+    """A request that has already emitted `generated` tokens (times 0.0, 1.0, ...)."""
+    if req_id is None:
+        req_id = _next_id[0]
+        _next_id[0] += 1
+    r = Request.create(req_id, 0.0, prompt, max_tokens, bs)
+    r.prefilled = prompt if generated else 0
+    for i in range(generated):
+        r.emit(float(i), Owner.GPU)
+    return r
+
+
+def kv_blocks(r: Request, bs: int = BS) -> int:
+    """Blocks a decoding request holds: its KV covers prompt + generated - 1 tokens."""
+    return blocks_for(r.prompt_tokens + max(r.generated - 1, 0), bs)
+
+
+def _held(r: Request, blocks: int | None) -> int:
+    return kv_blocks(r) if blocks is None else blocks
+
+
+def gpu_running(st: EngineState, r: Request, blocks: int | None = None) -> Request:
+    """A GPU-owned decoding request at the eviction tail of the GPU ownership queue."""
+    r.blocks = st.hbm.allocate(_held(r, blocks))
+    r.owner, r.ready, r.transit_to = Owner.GPU, True, None
+    st.gpu_running.append(r)
+    st.n_submitted += 1
+    return r
+
+
+def gpu_waiting(st: EngineState, r: Request) -> Request:
+    """A prompt waiting for admission."""
+    st.submit(r)
+    return r
+
+
+def gpu_prefilling(
+    st: EngineState, r: Request, prefilled: int, to_cpu: bool = False
+) -> Request:
+    """A prompt whose chunked prefill is under way (persistent blocks already allocated)."""
+    pool = st.host if to_cpu else st.hbm
+    r.blocks = pool.allocate(blocks_for(r.prompt_tokens, st.config.block_size))
+    r.prefilled, r.to_cpu = prefilled, to_cpu
+    st.gpu_prefilling.append(r)
+    st.n_submitted += 1
+    return r
+
+
+def cpu_running(st: EngineState, r: Request, blocks: int | None = None) -> Request:
+    """A request in the active CPU batch; keeps B_growth (Σ b̂ - b) up to date."""
+    r.blocks = st.host.allocate(_held(r, blocks))
+    r.owner, r.ready, r.transit_to = Owner.CPU, True, None
+    st.cpu_running.append(r)
+    st.cpu_growth += max(r.peak_blocks - len(r.blocks), 0)
+    st.n_submitted += 1
+    return r
+
+
+def cpu_waiting(
+    st: EngineState, r: Request, blocks: int | None = None, ready: bool = True
+) -> Request:
+    """A host-resident request in the CPU waiting queue; `ready=False` models a swap-out whose
+    transfer has not landed yet (still GPU-owned, in transit to the CPU)."""
+    r.blocks = st.host.allocate(_held(r, blocks))
+    if ready:
+        r.owner, r.ready, r.transit_to = Owner.CPU, True, None
+    else:
+        r.owner, r.ready, r.transit_to = Owner.GPU, False, Owner.CPU
+    st.cpu_waiting.append(r)
+    st.n_submitted += 1
+    return r
+
+
+def mark(st: EngineState, r: Request) -> Request:
+    """A deferred swap-in mark, as a GPU round's commit places it."""
+    r.marked = True
+    st.marked.append(r)
+    return r
+
+
+def gpu_round(st: EngineState, t: float | None = 1.0):
+    """schedule + commit (+ migrations landing + apply at time `t`, unless `t` is None)."""
+    sched = GpuScheduler(st)
+    plan = sched.schedule()
+    sched.commit(plan)
+    st.check_invariants()
+    if t is not None and not plan.wait_for_copies:
+        st.complete_migrations(plan.swap_outs, plan.swap_ins, t)
+        sched.apply(plan, GpuResult(t))
+        st.check_invariants()
+    return plan
+
+
+def cpu_round(st: EngineState, t: float | None = 1.0):
+    """schedule + commit (+ apply at time `t`, unless `t` is None)."""
+    sched = CpuScheduler(st)
+    plan = sched.schedule()
+    sched.commit(plan)
+    st.check_invariants()
+    if t is not None and not plan.is_empty:
+        sched.apply(plan, CpuResult(t))
+        st.check_invariants()
+    return plan

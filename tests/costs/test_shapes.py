@@ -1,0 +1,92 @@
+import json
+
+import pytest
+
+from dualpace_sim.costs import ModelShape
+
+
+def test_llama_8b_derived_sizes():
+    s = ModelShape.from_name("llama-3.1-8b")
+    assert s.kv_bytes_per_token_per_layer == 2 * 8 * 128 * 2
+    assert s.kv_bytes_per_token == 131072
+    assert s.total_params == pytest.approx(8.03e9, rel=1e-3)
+    assert s.weight_bytes == 2 * s.total_params
+    assert s.linear_flops_per_token_per_layer == 2 * (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 14336)
+
+
+def test_qwen3_shapes_have_qk_norm_and_wide_attention():
+    s14, s32 = ModelShape.from_name("qwen3-14b"), ModelShape.from_name("qwen3-32b")
+    assert s14.qk_norm and s32.qk_norm
+    assert s14.total_params == pytest.approx(14.77e9, rel=1e-3)
+    assert s32.total_params == pytest.approx(32.76e9, rel=1e-3)
+    assert s32.q_dim == 8192 != s32.hidden_size  # o_proj input is wider than hidden
+
+
+def test_tied_embeddings_are_counted_once():
+    tied = ModelShape.from_name("tiny-qwen3")
+    assert tied.tie_word_embeddings
+    assert tied.total_params == 2 * tied.params_per_layer + tied.embedding_params + tied.hidden_size
+
+
+def test_unknown_name_lists_known_models():
+    with pytest.raises(ValueError, match="known models: llama-3.1-8b, qwen3-14b"):
+        ModelShape.from_name("gpt-5")
+
+
+def test_invalid_shape_is_rejected():
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        ModelShape("bad", 2, 64, 4, 3, 16, 128, 256)
+    with pytest.raises(ValueError, match="n_layers must be a positive integer"):
+        ModelShape("bad", 0, 64, 4, 2, 16, 128, 256)
+
+
+def test_hf_config_from_file_and_directory(tmp_path):
+    cfg = {
+        "model_type": "qwen3",
+        "num_hidden_layers": 40,
+        "hidden_size": 5120,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 17408,
+        "vocab_size": 151936,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+    }
+    model_dir = tmp_path / "Qwen3-14B"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    from_dir = ModelShape.from_hf_config(model_dir)
+    from_file = ModelShape.from_hf_config(model_dir / "config.json", name="qwen3-14b")
+    assert from_dir.name == "Qwen3-14B"
+    assert from_file == ModelShape.from_name("qwen3-14b")
+
+
+def test_hf_config_defaults():
+    cfg = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 256,
+        "torch_dtype": "float32",
+        "tie_word_embeddings": True,
+    }
+    s = ModelShape.from_hf_config(cfg, name="t")
+    assert (s.head_dim, s.n_kv_heads, s.qk_norm, s.dtype_bytes) == (16, 4, False, 4)
+    assert s.tie_word_embeddings
+
+
+def test_hf_config_nested_text_config():
+    inner = {
+        "model_type": "qwen3",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 256,
+    }
+    s = ModelShape.from_hf_config({"model_type": "vl", "text_config": inner}, name="vl")
+    assert s.qk_norm and s.n_layers == 2
