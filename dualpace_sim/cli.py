@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -21,9 +22,9 @@ def _fail(message: str) -> None:
 
 @app.command()
 def run(
-    scenario: Path = typer.Argument(..., help="scenario YAML file"),
-    out: Path = typer.Option(..., "--out", "-o", help="directory for results"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or table"),
+    scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="directory for results")],
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar or table")] = False,
 ) -> None:
     """Simulate every policy of SCENARIO; write requests.parquet, summary.json, timeline plot."""
     from .runner import run_scenario

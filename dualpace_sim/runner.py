@@ -21,7 +21,9 @@ from .scenario import LoadedScenario, load_scenario
 from .sim import Simulation
 
 
-def simulate(loaded: LoadedScenario, policy: str, progress: bool = False) -> tuple[pd.DataFrame, dict]:
+def simulate(
+    loaded: LoadedScenario, policy: str, progress: bool = False
+) -> tuple[pd.DataFrame, dict]:
     """Run one policy; returns its records frame and its summary object."""
     n = len(loaded.requests)
     # delay=1: the bar appears only for runs that take more than a second.

@@ -238,7 +238,7 @@ def _grid(lo: int, hi: int, per_octave: int) -> list[float]:
 TOKENS = _grid(1, 16384, 4)  # GPU rows per iteration
 BATCH = _grid(1, 2048, 4)  # CPU decode batch / Dense Assist rows
 DECODE_BATCH = _grid(1, 2048, 2)
-DECODE_CONTEXT = _grid(16, 1 << 22, 2)  # total context tokens of a decode batch (to 4M)
+DECODE_CONTEXT = _grid(1, 1 << 22, 2)  # total context tokens of a decode batch (to 4M)
 PREFILL_CHUNK = _grid(1, 16384, 2)
 PREFILL_CONTEXT = _grid(1, 1 << 17, 2)  # context after the chunk (to 128k)
 

@@ -1,5 +1,5 @@
 """SimPy backend: executes the core's plans against the cost model's times."""
 
-from .engine import SimOutput, Simulation, SimStats, SimulationStalled
+from .engine import SimOutput, SimStats, Simulation, SimulationStalled
 
 __all__ = ["SimOutput", "SimStats", "Simulation", "SimulationStalled"]

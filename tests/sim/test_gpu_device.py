@@ -1,0 +1,91 @@
+"""The GPU worker's stage-boundary Dense Assist service."""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+
+from dualpace_sim.sim.gpu import GpuDevice
+
+PRE, LAYER, N, POST = 1.0, 2.0, 4, 1.0  # a batch of 1 + 4*2 + 1 = 10 s
+
+
+def run_with_assists(stage_mode: bool, poll: float, assists: list[tuple[float, float]]):
+    """Start one batch at t=0 and book assists (ready time, service time) as the CPU would."""
+    env = simpy.Environment()
+    gpu = GpuDevice(env, poll_s=poll, stage_mode=stage_mode)
+    starts, ends = [], []
+
+    def batch():
+        yield from gpu.run_batch(PRE, LAYER, N, POST)
+        ends.append(env.now)
+
+    def cpu():
+        for ready, service in assists:
+            yield env.timeout(ready - env.now)
+            starts.append(gpu.assist(env.now, service))
+
+    env.process(batch())
+    env.process(cpu())
+    env.run()
+    return gpu, starts, ends
+
+
+def test_assist_waits_for_the_next_stage_boundary():
+    """An assist ready mid-layer starts when that layer ends, never preempting it."""
+    _, starts, ends = run_with_assists(True, 0.0, [(2.0, 0.5)])
+    # boundaries: 1 (after pre-layer), 3, 5, 7, 9 (after each layer); 2.0 falls inside layer 1
+    assert starts == [3.0]
+    assert ends == [10.5]  # the rest of the batch moved back by the service time
+
+
+def test_assist_at_a_boundary_and_after_earlier_shift():
+    """Later assists see the boundaries already pushed back by earlier ones."""
+    _, starts, ends = run_with_assists(True, 0.0, [(0.5, 1.0), (4.5, 1.0)])
+    assert starts[0] == 1.0  # after the pre-layer
+    # boundaries are now 2 (after service), 4, 6, 8, 10: 4.5 -> next boundary at 6
+    assert starts[1] == 6.0
+    assert ends == [12.0]
+
+
+def test_polling_cost_is_paid_at_every_boundary_in_stage_mode_only():
+    """Stage mode polls at N + 1 boundaries; the whole-forward path does not poll at all."""
+    _, _, staged = run_with_assists(True, 0.1, [])
+    _, _, whole = run_with_assists(False, 0.1, [])
+    assert staged == [pytest.approx(10.0 + 0.1 * (N + 1))]
+    assert whole == [10.0]
+
+
+def test_assist_during_post_layer_runs_after_the_batch_and_delays_the_next():
+    """In the post-layer no boundary remains: the assist starts when the batch ends and the
+    next GPU-main batch waits for it."""
+    env = simpy.Environment()
+    gpu = GpuDevice(env, poll_s=0.0, stage_mode=True)
+    log = {}
+
+    def engine():
+        yield from gpu.run_batch(PRE, LAYER, N, POST)
+        log["first_end"] = env.now
+        log["second_start"] = None
+        start = env.now
+        yield from gpu.run_batch(PRE, LAYER, N, POST)
+        log["second_end"] = env.now
+        log["second_span"] = env.now - start
+
+    def cpu():
+        yield env.timeout(9.5)
+        log["assist_start"] = gpu.assist(env.now, 2.0)
+
+    env.process(engine())
+    env.process(cpu())
+    env.run()
+    assert log["assist_start"] == 10.0 and log["first_end"] == 10.0
+    assert log["second_end"] == 22.0  # 10 + 2 (assist) + 10
+
+
+def test_idle_gpu_serves_assists_immediately_and_back_to_back():
+    env = simpy.Environment()
+    gpu = GpuDevice(env, poll_s=0.0, stage_mode=True)
+    assert gpu.assist(1.0, 0.5) == 1.0
+    assert gpu.assist(1.2, 0.5) == 1.5  # the first still occupies the GPU
+    assert gpu.assist_calls == 2

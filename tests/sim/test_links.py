@@ -1,0 +1,23 @@
+"""PCIe link: full duplex, FIFO per direction, latency plus bandwidth."""
+
+from __future__ import annotations
+
+import pytest
+
+from dualpace_sim.sim.links import Link
+
+
+def test_directions_are_independent_and_each_is_fifo():
+    link = Link(h2d_bytes_per_s=10.0, d2h_bytes_per_s=20.0, latency_s=1.0)
+    assert link.h2d.transfer(0.0, 100) == pytest.approx(11.0)
+    assert link.d2h.transfer(0.0, 100) == pytest.approx(6.0)  # not behind the H2D transfer
+    assert link.h2d.transfer(2.0, 10) == pytest.approx(13.0)  # queued behind the first H2D
+    assert link.h2d.transfer(20.0, 10) == pytest.approx(22.0)  # idle link: no queueing
+
+
+def test_occupy_reports_only_the_queueing_delay():
+    link = Link(10.0, 10.0, 1.0)
+    link.d2h.transfer(0.0, 40)  # busy until 5
+    assert link.d2h.occupy(3.0, 10) == pytest.approx(2.0)
+    assert link.d2h.free_at == pytest.approx(6.0)
+    assert link.d2h.occupy(10.0, 10) == 0.0
