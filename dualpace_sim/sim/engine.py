@@ -255,13 +255,13 @@ class Simulation:
     def _assist(self, kind: str, b: int, in_acts: int, out_acts: int) -> float:
         """Hand one Dense Assist to the GPU worker now; returns when the CPU sees its result.
 
-        The GPU is displaced for o_x + g_x (plus any wait for the link behind other transfers),
-        the CPU waits q_x + g_x after the service starts (paper Appendix B, Eq. 14)."""
+        The GPU is displaced for o_x + g_x and the CPU waits q_x + g_x after the service starts
+        (paper Appendix B, Eq. 14); g_x includes moving the activations over the link."""
         cost, now = self.cost, self.env.now
         g = cost.assist_gpu(kind, b)
         act = cost.activation_bytes(b)
-        wait = self.link.h2d.occupy(now, in_acts * act)
+        self.link.h2d.carry(in_acts * act)
         if out_acts:
-            wait += self.link.d2h.occupy(now + g, out_acts * act)
-        start = self.gpu.assist(now, cost.assist_o(kind) + g + wait)
-        return start + wait + g + cost.assist_q(kind)
+            self.link.d2h.carry(out_acts * act)
+        start = self.gpu.assist(now, cost.assist_o(kind) + g)
+        return start + g + cost.assist_q(kind)

@@ -28,15 +28,13 @@ class Channel:
         self.bytes_moved += nbytes
         return self.free_at
 
-    def occupy(self, issue_s: float, nbytes: int) -> float:
-        """Book bytes whose transfer time a measured latency already includes (Dense Assist
-        activations); returns only the queueing delay behind earlier transfers."""
-        wait = max(0.0, self.free_at - issue_s)
-        duration = nbytes / self.bytes_per_s
-        self.free_at = issue_s + wait + duration
-        self.busy_s += duration
+    def carry(self, nbytes: int) -> None:
+        """Account bytes whose transfer time a measured latency already includes (Dense Assist
+        activations, g_x in the profile). They travel on the assist's own stream and do not
+        queue behind KV copies: a copy engine interleaves streams, and megabytes of
+        activations next to gigabytes of KV change little."""
+        self.busy_s += nbytes / self.bytes_per_s
         self.bytes_moved += nbytes
-        return wait
 
 
 class Link:

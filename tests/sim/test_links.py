@@ -15,9 +15,9 @@ def test_directions_are_independent_and_each_is_fifo():
     assert link.h2d.transfer(20.0, 10) == pytest.approx(22.0)  # idle link: no queueing
 
 
-def test_occupy_reports_only_the_queueing_delay():
+def test_carried_assist_bytes_are_counted_but_never_delay_kv_copies():
     link = Link(10.0, 10.0, 1.0)
     link.d2h.transfer(0.0, 40)  # busy until 5
-    assert link.d2h.occupy(3.0, 10) == pytest.approx(2.0)
-    assert link.d2h.free_at == pytest.approx(6.0)
-    assert link.d2h.occupy(10.0, 10) == 0.0
+    link.d2h.carry(10)
+    assert link.d2h.free_at == pytest.approx(5.0)
+    assert link.d2h.bytes_moved == 50
