@@ -53,6 +53,31 @@ class SchedulerOverrides(BaseModel):
     route_f: int | None = Field(None, ge=0)
 
 
+class SweepSpec(BaseModel):
+    """Offered rates a `dualpace-sim sweep` runs for every policy."""
+
+    model_config = ConfigDict(extra="forbid")
+    rates: list[float] = Field(min_length=2, description="offered req/s, strictly increasing")
+
+    @model_validator(mode="after")
+    def _increasing(self) -> SweepSpec:
+        if any(r <= 0 for r in self.rates):
+            raise ValueError("rates must all be > 0 (requests per second)")
+        if any(b <= a for a, b in zip(self.rates, self.rates[1:], strict=False)):
+            raise ValueError("rates must be strictly increasing")
+        return self
+
+
+class Targets(BaseModel):
+    """Latency targets for the sustainable request rate (paper defaults)."""
+
+    model_config = ConfigDict(extra="forbid")
+    normalized_latency_s: float = Field(1.0, gt=0)
+    p99_ttft_s: float = Field(5.0, gt=0)
+    p99_itl_s: float = Field(1.5, gt=0)
+    p99_tpot_s: float = Field(1.0, gt=0)
+
+
 class Scenario(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = "scenario"
@@ -62,6 +87,8 @@ class Scenario(BaseModel):
     policies: list[Literal["dualpace"]] = Field(default_factory=lambda: ["dualpace"], min_length=1)
     workload: WorkloadConfig
     scheduler: SchedulerOverrides = Field(default_factory=SchedulerOverrides)
+    sweep: SweepSpec | None = None
+    targets: Targets = Field(default_factory=Targets)
 
     @model_validator(mode="after")
     def _one_source(self) -> Scenario:
