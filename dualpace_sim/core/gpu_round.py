@@ -234,13 +234,14 @@ class GpuScheduler:
                     budget.migration = reserve
                     budget.queue_peak += r.peak_blocks
                     budget.peak += r.peak_blocks
-            else:
+            else:  # a continuing chunk keeps its destination; host-bound ones lead later prompts
                 to_cpu = r.to_cpu
                 if to_cpu:
                     staging = blocks_for(chunk, bs)
                     if staging > budget.staging:
                         break
                     budget.staging -= staging
+                    to_cpu_chosen = True
             budget.rows += 1
             budget.tokens += chunk
             last = chunk == remaining

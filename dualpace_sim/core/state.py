@@ -47,8 +47,10 @@ class EngineState:
         return envelope_fits(self.host.used, planned, self.cpu_growth, m, self.host.capacity)
 
     def cpu_owned_count(self) -> int:
-        """Requests owned by, or in transit to, the CPU engine (host decode-admission limit)."""
-        return len(self.cpu_waiting) + len(self.cpu_running)
+        """Requests owned by, in transit to, or bound for the CPU engine (the host
+        decode-admission limit): a chunked Prefill-to-CPU prompt counts from its first chunk."""
+        bound = sum(1 for r in self.gpu_prefilling if r.to_cpu)
+        return len(self.cpu_waiting) + len(self.cpu_running) + bound
 
     def complete_migrations(self, swap_outs: list[Request], swap_ins: list[Request], t: float):
         """Swap transfers landed: ownership flips and the source copies are released."""

@@ -1,0 +1,55 @@
+"""Unit tests of requests: finish-peak footprint, next-token blocks, completion."""
+
+from __future__ import annotations
+
+import pytest
+
+from dualpace_sim.core import Owner, Request, blocks_for
+
+
+def test_blocks_for_rounds_up():
+    """KV blocks needed for n tokens are ceil(n / block_size)."""
+    assert [blocks_for(n, 16) for n in (0, 1, 16, 17, 32, 33)] == [0, 1, 1, 2, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_tokens", "bs", "peak"),
+    [(16, 16, 16, 2), (17, 16, 16, 3), (1, 1, 16, 1), (100, 28, 16, 8), (100, 29, 16, 9)],
+)
+def test_finish_peak_formula(prompt, max_tokens, bs, peak):
+    """DESIGN §3: b̂_r = ceil((prompt + max_tokens) / block_size)."""
+    assert Request.create(0, 0.0, prompt, max_tokens, bs).peak_blocks == peak
+
+
+@pytest.mark.parametrize(("prompt", "max_tokens"), [(0, 4), (4, 0), (-1, 4)])
+def test_create_rejects_empty_prompt_or_budget(prompt, max_tokens):
+    """A request needs at least one prompt token and one output token."""
+    with pytest.raises(ValueError):
+        Request.create(0, 0.0, prompt, max_tokens, 16)
+
+
+def test_next_blocks_covers_the_next_kv_append():
+    """next_blocks is what the next decode step's KV append (prompt + generated tokens) needs
+    beyond the blocks held: 1 at a block boundary, else 0."""
+    r = Request.create(0, 0.0, 16, 8, 16)
+    r.blocks = [0]
+    r.emit(1.0, Owner.GPU)  # KV after the next step: 17 tokens
+    assert r.next_blocks(16) == 1
+    r.blocks = [0, 1]
+    assert r.next_blocks(16) == 0
+    r = Request.create(1, 0.0, 15, 8, 16)
+    r.blocks = [0]
+    r.emit(1.0, Owner.GPU)  # 16 tokens still fit one block
+    assert r.next_blocks(16) == 0
+    assert r.next_blocks(4) == 3  # a tier with smaller blocks: 4 needed, 1 held
+
+
+def test_finished_after_max_tokens_and_owner_record():
+    """A request is finished once it emitted max_tokens; every token records its owner."""
+    r = Request.create(0, 0.0, 4, 2, 16)
+    r.emit(1.0, Owner.GPU)
+    assert not r.finished and r.generated == 1
+    r.emit(2.0, Owner.CPU)
+    assert r.finished and r.generated == 2
+    assert list(r.token_owners) == [Owner.GPU, Owner.CPU]
+    assert r.kv_tokens_after_step == 6
