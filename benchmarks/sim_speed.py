@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from dualpace_sim.scenario import load_scenario
-from dualpace_sim.sim import Simulation
+from dualpace_sim.sim import DualPaceNode
 
 HERE = Path(__file__).resolve().parent
 SHARED_AZURE = HERE.parent.parent / "shared" / "data" / "azure"
@@ -32,7 +32,7 @@ def main() -> None:
     walls = []
     for i in range(args.repeats):
         start = time.perf_counter()
-        out = Simulation(loaded.requests, loaded.cost, loaded.config).run()
+        out = DualPaceNode(loaded.requests, loaded.cost, loaded.config).run()
         walls.append(time.perf_counter() - start)
         tokens = sum(len(r.token_times) for r in out.requests)
         print(f"run {i}: wall {walls[-1]:.3f}s, {n} requests, {tokens} tokens, "

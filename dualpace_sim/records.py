@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-MIGRATION_KINDS = frozenset({"swap_out", "swap_in", "prefill_to_cpu"})
+MIGRATION_KINDS = frozenset({"swap_out", "swap_in", "prefill_to_cpu", "preempt_recompute"})
 OWNER_LETTERS = {0: "G", 1: "C"}  # token_owners byte -> letter: GPU engine, CPU engine
 
 RECORDS_SCHEMA = pa.schema([

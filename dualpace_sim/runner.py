@@ -18,7 +18,7 @@ from .metrics import summarize
 from .plots import plot_timeline
 from .records import records_frame, write_records
 from .scenario import LoadedScenario, load_scenario
-from .sim import Simulation
+from .sim import make_node
 
 
 def simulate(
@@ -29,14 +29,16 @@ def simulate(
     # delay=1: the bar appears only for runs that take more than a second.
     with tqdm(total=n, desc=f"{loaded.spec.name}/{policy}", unit="req", delay=1.0,
               disable=not progress, leave=False) as bar:
-        output = Simulation(loaded.requests, loaded.cost, loaded.config, on_finish=bar.update).run()
+        node = make_node(loaded.requests, loaded.cost, loaded.policy_config(policy),
+                         loaded.neo_launch_s, on_finish=bar.update)
+        output = node.run()
     frame = records_frame(output.requests, policy)
     summary = {
         "scenario": loaded.spec.name,
         "policy": policy,
         "rate": loaded.spec.workload.rate,
         **summarize(frame),
-        "controls": {k: {"value": c.value, "source": c.source} for k, c in loaded.controls.items()},
+        "controls": _controls(loaded, policy),
         "capacities": {"gpu_kv_blocks": loaded.config.gpu_kv_blocks,
                        "host_kv_blocks": loaded.config.host_kv_blocks,
                        "block_size": loaded.config.block_size},
@@ -45,6 +47,20 @@ def simulate(
         "engine": asdict(output.stats),
     }
     return frame, summary
+
+
+def _controls(loaded: LoadedScenario, policy: str) -> dict:
+    """The knobs this policy ran with and where each value came from."""
+    if policy == "dualpace":
+        return {k: {"value": c.value, "source": c.source} for k, c in loaded.controls.items()}
+    config = asdict(loaded.policy_config(policy))
+    out = {k: {"value": v, "source": "scenario"} for k, v in config.items()
+           if k not in ("gpu_kv_blocks", "host_kv_blocks", "block_size")}
+    if policy == "neo":
+        given = loaded.spec.neo.launch_s is not None
+        out["launch_s"] = {"value": loaded.neo_launch_s, "source": "scenario" if given else
+                           f"profile ({loaded.profile.provenance.method})"}
+    return out
 
 
 def _json_safe(obj):

@@ -15,10 +15,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .core import SchedulerConfig, check_thresholds
+from .core.neo import NeoConfig
+from .core.vllm import VllmConfig
 from .costs import CostModel, ModelShape, Profile, load_profile, load_spec, synthesize
 from .workload import RequestSpec, WorkloadConfig, build_requests, with_rate
 
-POLICIES = ("dualpace",)
+POLICIES = ("dualpace", "vllm", "neo")
 
 # Paper §4.3 values for Llama-3.1-8B on the RTX 4090 box, used when neither the scenario nor the
 # profile's fitted controls give a value.
@@ -53,6 +55,27 @@ class SchedulerOverrides(BaseModel):
     route_f: int | None = Field(None, ge=0)
 
 
+class VllmSection(BaseModel):
+    """vLLM v1's two batch limits; required, because vLLM's defaults differ by version and GPU
+    (BASELINES.md §B0), and a comparison must say which it used."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_num_batched_tokens: int = Field(ge=1)
+    max_num_seqs: int = Field(ge=1)
+
+
+class NeoSection(BaseModel):
+    """NEO's limits; defaults are NEO's own (swiftllm/engine_config.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_batch_size: int = Field(512, ge=1)
+    max_tokens_in_batch: int = Field(3072, ge=1)
+    itm_blocks: int | None = Field(None, ge=0, description="staging pool; NEO: = GPU blocks")
+    launch_s: float | None = Field(None, ge=0, description="CPU launch term; default: profile")
+    linr_s_threshold: int = Field(128, ge=0)
+    swap_in_fraction: float = Field(0.95, gt=0, le=1)
+
+
 class SweepSpec(BaseModel):
     """Offered rates a `dualpace-sim sweep` runs for every policy."""
 
@@ -84,17 +107,26 @@ class Scenario(BaseModel):
     description: str = ""
     profile: str | None = Field(None, description="path to a calibration profile YAML")
     roofline: RooflineSource | None = None
-    policies: list[Literal["dualpace"]] = Field(default_factory=lambda: ["dualpace"], min_length=1)
+    policies: list[Literal["dualpace", "vllm", "neo"]] = Field(
+        default_factory=lambda: ["dualpace"], min_length=1
+    )
     workload: WorkloadConfig
     scheduler: SchedulerOverrides = Field(default_factory=SchedulerOverrides)
+    vllm: VllmSection | None = None
+    neo: NeoSection = Field(default_factory=NeoSection)
     sweep: SweepSpec | None = None
     targets: Targets = Field(default_factory=Targets)
 
     @model_validator(mode="after")
-    def _one_source(self) -> Scenario:
+    def _consistent(self) -> Scenario:
         if (self.profile is None) == (self.roofline is None):
             raise ValueError("give exactly one of profile (a calibration file) or roofline "
                              "(hardware + model)")
+        if len(set(self.policies)) != len(self.policies):
+            raise ValueError("each policy may appear once")
+        if "vllm" in self.policies and self.vllm is None:
+            raise ValueError("policy vllm needs a vllm section with max_num_batched_tokens and "
+                             "max_num_seqs")
         return self
 
 
@@ -113,9 +145,28 @@ class LoadedScenario:
     profile: Profile
     profile_source: str
     cost: CostModel
-    config: SchedulerConfig
+    config: SchedulerConfig  # DualPace's; the baselines' configs derive from the same pools
     controls: dict[str, ControlChoice]
     requests: list[RequestSpec]
+
+    def policy_config(self, policy: str) -> SchedulerConfig | VllmConfig | NeoConfig:
+        """The policy's configuration over the same KV pools and block size."""
+        c = self.config
+        if policy == "dualpace":
+            return c
+        if policy == "vllm":
+            v = self.spec.vllm
+            return VllmConfig(c.gpu_kv_blocks, c.block_size, v.max_num_batched_tokens,
+                              v.max_num_seqs)
+        n = self.spec.neo
+        return NeoConfig(c.gpu_kv_blocks, c.host_kv_blocks, c.block_size, n.max_batch_size,
+                         n.max_tokens_in_batch, n.itm_blocks, n.linr_s_threshold,
+                         n.swap_in_fraction)
+
+    @property
+    def neo_launch_s(self) -> float:
+        given = self.spec.neo.launch_s
+        return self.cost.neo_launch_s if given is None else given
 
 
 def _format_validation(path: Path, err: ValidationError) -> str:
@@ -225,20 +276,45 @@ def load_scenario(path: Path | str, rate: float | None = None) -> LoadedScenario
         requests = build_requests(spec.workload, path.parent)
     except ValueError as e:
         raise ScenarioError(f"{path}: workload: {e}") from None
-    _check_fits(path, requests, config)
-    return LoadedScenario(path, spec, profile, source, CostModel(profile), config, controls,
-                          requests)
+    loaded = LoadedScenario(path, spec, profile, source, CostModel(profile), config, controls,
+                            requests)
+    _check_fits(path, requests, loaded)
+    return loaded
 
 
-def _check_fits(path: Path, requests: list[RequestSpec], config: SchedulerConfig) -> None:
-    """A request whose finish-peak exceeds the host pool could never finish: refuse up front.
-    (One larger than HBM can still finish on the CPU, which is the point of the host tier.)"""
-    bs, cap = config.block_size, config.host_kv_blocks
+def _check_fits(path: Path, requests: list[RequestSpec], loaded: LoadedScenario) -> None:
+    """Refuse up front a request that some policy of the scenario could never finish, rather
+    than letting that run stall: its finish-peak must fit the host pool (DualPace: one larger
+    than HBM can still finish on the CPU), HBM for vLLM (it has no other tier), and NEO must be
+    able to stage its prompt."""
+    c = loaded.config
+    bs = c.block_size
+    limits = [("host_kv_blocks", c.host_kv_blocks, "finish-peak")]
+    if "vllm" in loaded.spec.policies:
+        limits.append(("gpu_kv_blocks", c.gpu_kv_blocks, "finish-peak (vLLM has no host tier)"))
     for i, r in enumerate(requests):
         peak = -(-(r.prompt_tokens + r.max_tokens) // bs)
-        if peak > cap:
-            raise ScenarioError(
-                f"{path}: workload: request {i} needs {peak} KV blocks at its finish-peak but the "
-                f"host KV pool holds {cap}; set workload.max_prompt_tokens / max_output_tokens "
-                f"or enlarge scheduler.host_kv_blocks"
-            )
+        for field_name, cap, what in limits:
+            if peak > cap:
+                raise ScenarioError(
+                    f"{path}: workload: request {i} needs {peak} KV blocks at its {what} but "
+                    f"scheduler.{field_name} is {cap}; set workload.max_prompt_tokens / "
+                    f"max_output_tokens or enlarge scheduler.{field_name}"
+                )
+        if "neo" in loaded.spec.policies:
+            neo = loaded.policy_config("neo")
+            stage = c.gpu_kv_blocks if neo.itm_blocks is None else neo.itm_blocks
+            prompt = -(-r.prompt_tokens // bs)
+            if r.prompt_tokens > neo.max_tokens_in_batch:
+                raise ScenarioError(
+                    f"{path}: workload: request {i}'s prompt has {r.prompt_tokens} tokens but NEO "
+                    f"prefills whole prompts (no chunking) within neo.max_tokens_in_batch = "
+                    f"{neo.max_tokens_in_batch}; raise it or clip workload.max_prompt_tokens"
+                )
+            if prompt > min(stage, c.host_kv_blocks - c.gpu_kv_blocks):
+                raise ScenarioError(
+                    f"{path}: workload: request {i}'s prompt needs {prompt} KV blocks, more "
+                    f"than NEO can stage ({stage}) or place on the host beyond one GPU's worth "
+                    f"({c.host_kv_blocks - c.gpu_kv_blocks}); clip workload.max_prompt_tokens "
+                    f"or enlarge the pools"
+                )

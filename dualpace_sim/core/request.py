@@ -42,6 +42,7 @@ class Request:
     transit_to: Owner | None = None
     to_cpu: bool = False  # prefill destination chosen at admission: Prefill-to-CPU
     prefilled: int = 0  # prompt tokens whose KV has been computed
+    computed: int = 0  # vLLM's num_computed_tokens: prompt and (re)computed output tokens
     blocks: list[int] = field(default_factory=list)
     source_blocks: list[int] = field(default_factory=list)
     marked: bool = False  # deferred swap-in mark placed by a GPU round

@@ -194,6 +194,22 @@ class CostModel:
             t += self._g_decode_attn(n_decodes, decode_context)
         return t
 
+    def gpu_linear(self, n_tokens: int) -> float:
+        """All non-attention work of one layer for `n_tokens` rows (NEO's linr_T)."""
+        return self._g_pre_attn(n_tokens) + self._g_post_attn(n_tokens) if n_tokens > 0 else 0.0
+
+    def gpu_prefill_attn(self, chunk: int, context: int) -> float:
+        """Prefill attention of one chunk against `context` tokens, one layer."""
+        return self._g_prefill_attn(chunk, context)
+
+    def gpu_decode_attn(self, n: int, context: int) -> float:
+        """Paged decode attention of `n` requests over `context` total tokens, one layer."""
+        return self._g_decode_attn(n, context) if n > 0 else 0.0
+
+    def cpu_decode_attn(self, n: int, context: int) -> float:
+        """CPU paged decode attention of `n` requests over `context` total tokens, one layer."""
+        return self._c_decode_attn(n, context) if n > 0 else 0.0
+
     def gpu_pre_layer(self, n_tokens: int) -> float:
         """Embedding of the whole batch (whole model)."""
         return self._g_pre_layer(n_tokens) if n_tokens > 0 else 0.0

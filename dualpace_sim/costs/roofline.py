@@ -74,6 +74,17 @@ class CpuSpec(StrictModel):
     host_memory_gib: PositiveFloat
     op_overhead_s: NonNegativeFloat  # per operator call (dispatch + OpenMP fork/join)
     iteration_overhead_s: NonNegativeFloat
+    # CPU tensor parallelism: `tensor_parallel` ranks, each with the cores, bandwidth and
+    # FLOP/s above (one NUMA node each), weights and KV sharded, Gloo all-reduces between them.
+    tensor_parallel: PositiveInt = 1
+    allreduce_latency_s: NonNegativeFloat = 0.0
+    interconnect_bytes_per_s: PositiveFloat | None = None  # between ranks (UPI), per direction
+
+    @model_validator(mode="after")
+    def _interconnect_for_tp(self) -> CpuSpec:
+        if self.tensor_parallel > 1 and self.interconnect_bytes_per_s is None:
+            raise ValueError("cpu.interconnect_bytes_per_s is required when tensor_parallel > 1")
+        return self
 
 
 class LinkSpec(StrictModel):
@@ -287,7 +298,18 @@ def _cpu_stages(spec: HardwareSpec, shape: ModelShape) -> _Stages:
         mem_bytes_per_s=c.dram_bytes_per_s * eff.cpu_mem,
         kernel_s=c.op_overhead_s,
     )
-    return _Stages(shape, engine)
+    n = c.tensor_parallel
+    if n == 1:
+        return _Stages(shape, engine)
+    bus = (c.interconnect_bytes_per_s or 0.0) * eff.link
+
+    def allreduce(nbytes: float) -> float:
+        return c.allreduce_latency_s + 2 * (n - 1) / n * nbytes / bus
+
+    def allgather(nbytes: float) -> float:
+        return c.allreduce_latency_s + (n - 1) / n * nbytes / bus
+
+    return _Stages(shape, engine, n, allreduce, allgather)
 
 
 def _kv_blocks(free_bytes: float, block_bytes: float, what: str) -> int:
@@ -322,7 +344,7 @@ def _provenance(spec: HardwareSpec, parameters: dict[str, float | None]) -> dict
         "(docs/costs.md); not a measurement.",
         "gpu_model": spec.gpu.name,
         "cpu_model": spec.cpu.name,
-        "cpu_cores": spec.cpu.cores,
+        "cpu_cores": spec.cpu.cores * spec.cpu.tensor_parallel,
         "amx": True,
         "memory_gib": spec.cpu.host_memory_gib,
         "spec_name": spec.name,
@@ -421,7 +443,7 @@ def synthesize(
             "gpu_count": n,
             "tensor_parallel": n,
             "cpu": spec.cpu.name,
-            "cpu_cores": spec.cpu.cores,
+            "cpu_cores": spec.cpu.cores * spec.cpu.tensor_parallel,
         },
         "block_size": block_size,
         "gpu": _gpu_section(spec, gpu, gpu_blocks),

@@ -35,6 +35,7 @@ def test_committed_profiles_exist():
     names = {f"{p.parent.name}/{p.stem}" for p in COMMITTED}
     assert names == {
         "rtx4090-xeon4510-12c/llama-3.1-8b",
+        "rtx4090-xeon4510-2x12c/llama-3.1-8b",
         "2xh20-xeon8469c-24c/qwen3-14b",
         "4xh20-xeon8469c-48c/qwen3-32b",
         "h200-spr16/llama-3.1-8b",
@@ -147,3 +148,15 @@ def test_cli_writes_a_loadable_profile(tmp_path, capsys):
     assert profile.provenance.command.endswith(f"--out {out} --host-kv-gib 1")
     assert main(["h200-spr16", "no-such-model", "--out", str(out)]) == 2
     assert "unknown model" in capsys.readouterr().err
+
+
+def test_cpu_tensor_parallel_shards_cpu_work_and_adds_allreduce():
+    """Two CPU ranks halve the per-rank weight and KV traffic of CPU stages; the Gloo
+    all-reduces keep it from being a clean 2x."""
+    one = CostModel(synthesize(load_spec("rtx4090-xeon4510-12c"), ModelShape.from_name(
+        "llama-3.1-8b")))
+    two = CostModel(synthesize(load_spec("rtx4090-xeon4510-2x12c"), ModelShape.from_name(
+        "llama-3.1-8b")))
+    for b in (16, 64, 256):
+        assert 0.5 * one.cpu_post_attn(b) < two.cpu_post_attn(b) < one.cpu_post_attn(b)
+        assert two.cpu_layer_local(b, b * 1000) < 0.6 * one.cpu_layer_local(b, b * 1000)

@@ -9,7 +9,7 @@ import pytest
 from dualpace_sim.core import Owner
 from dualpace_sim.records import records_frame, write_records
 from dualpace_sim.scenario import load_scenario
-from dualpace_sim.sim import Simulation, SimulationStalled
+from dualpace_sim.sim import DualPaceNode, SimulationStalled
 
 # A small HBM and a CPU tier big enough to matter exercise every migration path.
 PRESSURE = {"gpu_kv_blocks": 600, "host_kv_blocks": 20000}
@@ -19,7 +19,7 @@ def simulate(path):
     loaded = load_scenario(path)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the profile grids must cover what the runs ask for
-        return loaded, Simulation(loaded.requests, loaded.cost, loaded.config).run()
+        return loaded, DualPaceNode(loaded.requests, loaded.cost, loaded.config).run()
 
 
 def test_every_request_completes_with_max_tokens_under_pressure(write_scenario):
@@ -113,4 +113,4 @@ def test_a_host_filled_by_waiting_requests_is_reported_as_a_stall(write_scenario
     )
     loaded = load_scenario(path)
     with pytest.raises(SimulationStalled, match="stalled at t=.*2 unfinished"):
-        Simulation(loaded.requests, loaded.cost, loaded.config).run()
+        DualPaceNode(loaded.requests, loaded.cost, loaded.config).run()

@@ -1,15 +1,13 @@
-"""The simulated serving node: GPU and CPU engine loops as independent SimPy processes.
+"""The DualPace node: GPU and CPU engine loops as independent SimPy processes.
 
-Each engine loops schedule -> commit -> execute -> apply over the shared core; nothing here
-decides anything. The simulator's knowledge of hardware is the cost model alone.
+Each engine loops schedule -> commit -> execute -> apply over the shared core, with no barrier
+between them; they meet only in the shared state and, for Dense Assist, at the GPU worker's
+stage boundaries.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-
-import simpy
 
 from ..core import (
     CpuPlan,
@@ -25,44 +23,10 @@ from ..core import (
     assist_reachable,
 )
 from ..costs import CostModel
-from .gpu import GpuDevice
-from .links import Link
+from .node import Node
 
 
-class SimulationStalled(RuntimeError):
-    """Both engines are idle with unfinished requests: the configuration cannot serve them."""
-
-
-@dataclass
-class SimStats:
-    """Engine-level counters a run reports beside the per-request records."""
-
-    gpu_rounds: int = 0
-    migration_only_rounds: int = 0
-    cpu_rounds: int = 0
-    routes: dict[str, int] = field(default_factory=dict)  # route name -> CPU rounds
-    swap_outs: int = 0
-    swap_ins: int = 0
-    prefills_to_cpu: int = 0
-    assist_calls: int = 0
-    gpu_busy_s: float = 0.0
-    gpu_assist_s: float = 0.0
-    cpu_busy_s: float = 0.0
-    h2d_bytes: int = 0
-    d2h_bytes: int = 0
-    stage_mode: bool = False
-    end_s: float = 0.0
-
-
-@dataclass
-class SimOutput:
-    requests: list[Request]  # in submission order
-    stats: SimStats
-
-
-class Simulation:
-    """One node serving a list of request specs under the DualPace rounds."""
-
+class DualPaceNode(Node):
     def __init__(
         self,
         specs: Sequence,
@@ -70,83 +34,30 @@ class Simulation:
         config: SchedulerConfig,
         on_finish: Callable[[int], None] | None = None,
     ) -> None:
-        self.env = simpy.Environment()
-        self.cost = cost
+        stage_mode = assist_reachable(config.largest_cpu_batch, config.route_f)
+        super().__init__(specs, cost, config.block_size, stage_mode, on_finish)
         self.config = config
         self.state = EngineState(config)
         self.gpu_sched = GpuScheduler(self.state)
         self.cpu_sched = CpuScheduler(self.state)
-        self.link = Link(cost.profile.link.h2d_bytes_per_s, cost.profile.link.d2h_bytes_per_s,
-                         cost.profile.link.latency_s)
-        stage_mode = assist_reachable(config.largest_cpu_batch, config.route_f)
-        self.gpu = GpuDevice(self.env, cost.poll_s, stage_mode)
-        self.stats = SimStats(stage_mode=stage_mode)
-        self.requests = [
-            Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, config.block_size)
-            for i, s in enumerate(specs)
-        ]
-        self._on_finish = on_finish
-        self._gpu_event: simpy.Event | None = None
-        self._cpu_event: simpy.Event | None = None
         self._copies_land_s = 0.0
-        self._n_layers = cost.n_layers
 
-    # ------------------------------------------------------------------------ plumbing
+    def _start(self) -> None:
+        self.env.process(self._gpu_loop())
+        self.env.process(self._cpu_loop())
 
-    def run(self) -> SimOutput:
-        env = self.env
-        env.process(self._arrivals())
-        env.process(self._gpu_loop())
-        env.process(self._cpu_loop())
-        env.run()
-        unfinished = len(self.requests) - len(self.state.finished)
-        if unfinished:
-            st = self.state
-            raise SimulationStalled(
-                f"simulation stalled at t={env.now:.3f}s with {unfinished} unfinished requests "
-                f"(GPU waiting {len(st.gpu_waiting)}, GPU running {len(st.gpu_running)}, CPU "
-                f"waiting {len(st.cpu_waiting)}, HBM free {st.hbm.free}/{st.hbm.capacity}, "
-                f"host free {st.host.free}/{st.host.capacity}, B_migration {st.b_migration})"
-            )
-        s = self.stats
-        s.gpu_busy_s, s.gpu_assist_s, s.assist_calls = (
-            self.gpu.busy_s, self.gpu.assist_s, self.gpu.assist_calls
-        )
-        s.h2d_bytes, s.d2h_bytes = self.link.h2d.bytes_moved, self.link.d2h.bytes_moved
-        s.end_s = env.now
-        return SimOutput(self.requests, s)
+    def _submit(self, req: Request) -> None:
+        self.state.submit(req)
 
-    def _done(self) -> bool:
-        return len(self.state.finished) == len(self.requests)
+    def _finished_count(self) -> int:
+        return len(self.state.finished)
 
-    def _idle(self, which: str) -> simpy.Event:
-        event = self.env.event()
-        setattr(self, which, event)
-        return event
-
-    def _wake(self, which: str) -> None:
-        event = getattr(self, which)
-        if event is not None:
-            setattr(self, which, None)
-            if not event.triggered:
-                event.succeed()
-
-    def _finished_changed(self, before: int) -> None:
-        after = len(self.state.finished)
-        if after != before:
-            if self._on_finish is not None:
-                self._on_finish(after - before)
-            if after == len(self.requests):  # let an idle peer notice the end
-                self._wake("_gpu_event")
-                self._wake("_cpu_event")
-
-    def _arrivals(self):
-        env, st = self.env, self.state
-        for r in self.requests:
-            if r.arrival_s > env.now:
-                yield env.timeout(r.arrival_s - env.now)
-            st.submit(r)
-            self._wake("_gpu_event")
+    def _describe(self) -> str:
+        st = self.state
+        return (f"GPU waiting {len(st.gpu_waiting)}, GPU running {len(st.gpu_running)}, CPU "
+                f"waiting {len(st.cpu_waiting)}, CPU running {len(st.cpu_running)}, HBM free "
+                f"{st.hbm.free}/{st.hbm.capacity}, host free {st.host.free}/{st.host.capacity}, "
+                f"B_migration {st.b_migration}")
 
     # ---------------------------------------------------------------------- GPU engine
 
@@ -157,16 +68,15 @@ class Simulation:
             if plan.wait_for_copies:
                 if self._copies_land_s > env.now:
                     yield env.timeout(self._copies_land_s - env.now)
-                before = len(st.finished)
                 st.complete_copy_group(env.now)
-                self._finished_changed(before)
-                self._wake("_cpu_event")
+                self._note_finished()
+                self._wake("cpu")
                 continue
             if plan.is_empty:
-                yield self._idle("_gpu_event")
+                yield self._idle("gpu")
                 continue
             sched.commit(plan)
-            self._wake("_cpu_event")
+            self._wake("cpu")
             self.stats.gpu_rounds += 1
             if plan.has_migrations:
                 yield from self._migrate(plan)
@@ -187,18 +97,14 @@ class Simulation:
         if land > env.now:
             yield env.timeout(land - env.now)
         self.state.complete_migrations(plan.swap_outs, plan.swap_ins, env.now)
-        self._wake("_cpu_event")
+        self._wake("cpu")
 
     def _forward(self, plan: GpuPlan):
-        env, cost, n = self.env, self.cost, self._n_layers
-        n_tokens = plan.n_tokens
-        chunks = [(c.tokens, c.start + c.tokens) for c in plan.prefills]
-        pre = cost.gpu_pre_layer(n_tokens)
-        layer = cost.gpu_layer(n_tokens, chunks, len(plan.decodes), plan.decode_context)
-        post = cost.gpu_post_layer(plan.n_sampled) + cost.gpu_iteration_overhead
+        env, n = self.env, self._n_layers
+        pre, layer, post = self._forward_times(plan)
         copy_tokens = sum(c.tokens for c in plan.prefills if c.to_cpu)
         if copy_tokens:  # layer-by-layer Prefill-to-CPU copies, booked as each layer ends
-            layer_bytes = copy_tokens * cost.kv_block_bytes_per_layer // self.config.block_size
+            layer_bytes = copy_tokens * self.cost.kv_block_bytes_per_layer // self.config.block_size
             for end in self.gpu.planned_layer_ends(env.now, pre, layer, n):
                 landed = self.link.d2h.transfer(end, layer_bytes)
             self.stats.prefills_to_cpu += sum(1 for c in plan.prefills if c.to_cpu and c.last)
@@ -206,21 +112,20 @@ class Simulation:
         if copy_tokens:
             last_copy = self.link.d2h.latency_s + layer_bytes / self.link.d2h.bytes_per_s
             self._copies_land_s = max(landed, last_layer_end + last_copy)
-        before = len(self.state.finished)
         self.gpu_sched.apply(plan, GpuResult(env.now))
-        self._finished_changed(before)
+        self._note_finished()
 
     # ---------------------------------------------------------------------- CPU engine
 
     def _cpu_loop(self):
-        st, sched = self.state, self.cpu_sched
+        sched = self.cpu_sched
         while not self._done():
             plan = sched.schedule()
             sched.commit(plan)
             if plan.held_back or plan.admitted:
-                self._wake("_gpu_event")
+                self._wake("gpu")
             if plan.is_empty:
-                yield self._idle("_cpu_event")
+                yield self._idle("cpu")
                 continue
             self.stats.cpu_rounds += 1
             routes = self.stats.routes
@@ -228,10 +133,9 @@ class Simulation:
             start = self.env.now
             yield from self._cpu_batch(plan)
             self.stats.cpu_busy_s += self.env.now - start
-            before = len(st.finished)
             sched.apply(plan, CpuResult(self.env.now))
-            self._finished_changed(before)
-            self._wake("_gpu_event")
+            self._note_finished()
+            self._wake("gpu")
 
     def _cpu_batch(self, plan: CpuPlan):
         """Run one CPU decode batch along its post-attention route."""

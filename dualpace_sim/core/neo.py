@@ -1,0 +1,359 @@
+"""The NEO policy on the shared core (BASELINES.md §A0-A4): GPU-gated asymmetric pipelining.
+
+One engine loop forms each iteration: GPU decodes always run; swap-out at 100% of the GPU pool
+from the tail, swap-in at 95% from the head (strict head-of-line); prefills go to the GPU until
+the pool cannot hold the prompt, then all later ones to the CPU; CPU decodes join a sub-batch
+only while NEO's overlap conditions (paper Eq. 1, with the launch term) hold; the pipelined
+iteration is adopted only if its predicted rate beats GPU-only execution. CPU-resident requests
+therefore advance only when the GPU iteration offers a long enough overlap window.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .blocks import BlockPool
+from .request import Owner, Request, blocks_for
+
+
+class NeoPredictor(Protocol):
+    """NEO's per-layer performance tables (seconds), read by interpolation."""
+
+    lnch_T: float  # CPU launch term added to every CPU-attention estimate
+
+    def linr_T(self, width: int) -> float: ...  # all non-attention GPU work of one layer
+    def pref_T(self, prompt: int) -> float: ...  # GPU prefill attention of one prompt
+    def gdec_T(self, n: int, context: int) -> float: ...  # GPU paged decode attention
+    def cdec_T(self, n: int, context: int) -> float: ...  # CPU paged decode attention
+
+
+@dataclass(frozen=True, slots=True)
+class NeoConfig:
+    gpu_kv_blocks: int
+    host_kv_blocks: int
+    block_size: int = 16
+    max_batch_size: int = 512
+    max_tokens_in_batch: int = 3072
+    itm_blocks: int | None = None  # staging pool for CPU-bound prefills; NEO: = GPU blocks
+    linr_s_threshold: int = 128  # minimum sub-batch width when trimming prefills
+    swap_in_fraction: float = 0.95
+
+    def __post_init__(self) -> None:
+        for name in ("gpu_kv_blocks", "host_kv_blocks", "block_size", "max_batch_size",
+                     "max_tokens_in_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"neo.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.swap_in_fraction <= 1:
+            raise ValueError(f"neo.swap_in_fraction must be in (0, 1], got "
+                             f"{self.swap_in_fraction}")
+
+
+@dataclass(slots=True)
+class _Budget:
+    """NEO's ScheduleBudget: request slots and tokens; GPU decodes may overspend it."""
+
+    slots: int
+    tokens: int
+
+    def take(self, tokens: int) -> bool:
+        if self.slots >= 1 and self.tokens >= tokens:
+            self.slots -= 1
+            self.tokens -= tokens
+            return True
+        return False
+
+    def refund(self, tokens: int) -> None:
+        self.slots += 1
+        self.tokens += tokens
+
+    @property
+    def overspent(self) -> bool:
+        return self.slots < 0 or self.tokens < 0
+
+
+@dataclass(slots=True)
+class SubBatch:
+    """One of NEO's sub-batches; the GPU runs its dense stages, the CPU its CPU attention.
+
+    Aggregates are kept up to date as requests come and go, because NEO re-evaluates its overlap
+    conditions after every tentative CPU decode and recomputing sums would be quadratic."""
+
+    gpu_prefills: list[Request] = field(default_factory=list)
+    cpu_prefills: list[Request] = field(default_factory=list)
+    gpu_decodes: list[Request] = field(default_factory=list)
+    cpu_decodes: list[Request] = field(default_factory=list)
+    width: int = 0  # tokens through the dense stages: whole prompts plus one per decode
+    pref: float = 0.0  # Σ pref_T over its prefills
+    gdec_ctx: int = 0  # Σ KV tokens of its GPU decodes
+    cdec_ctx: int = 0  # Σ KV tokens of its CPU decodes
+
+    @classmethod
+    def with_gpu_decodes(cls, decodes: list[Request]) -> SubBatch:
+        return cls(gpu_decodes=list(decodes), width=len(decodes),
+                   gdec_ctx=sum(r.kv_tokens_after_step for r in decodes))
+
+    def copy(self) -> SubBatch:
+        return SubBatch(list(self.gpu_prefills), list(self.cpu_prefills), list(self.gpu_decodes),
+                        list(self.cpu_decodes), self.width, self.pref, self.gdec_ctx,
+                        self.cdec_ctx)
+
+    def add_prefill(self, r: Request, to_cpu: bool, p: NeoPredictor) -> None:
+        (self.cpu_prefills if to_cpu else self.gpu_prefills).append(r)
+        self.width += r.prompt_tokens
+        self.pref += p.pref_T(r.prompt_tokens)
+
+    def pop_cpu_prefill(self, p: NeoPredictor) -> Request:
+        r = self.cpu_prefills.pop()
+        self.width -= r.prompt_tokens
+        self.pref -= p.pref_T(r.prompt_tokens)
+        return r
+
+    def add_cpu_decode(self, r: Request) -> None:
+        self.cpu_decodes.append(r)
+        self.width += 1
+        self.cdec_ctx += r.kv_tokens_after_step
+
+    def pop_cpu_decode(self) -> None:
+        r = self.cpu_decodes.pop()
+        self.width -= 1
+        self.cdec_ctx -= r.kv_tokens_after_step
+
+    @property
+    def prefills(self) -> list[Request]:
+        return self.gpu_prefills + self.cpu_prefills
+
+    def __len__(self) -> int:  # requests, not tokens (NEO's len(SubBatch))
+        return (len(self.gpu_prefills) + len(self.cpu_prefills) + len(self.gpu_decodes)
+                + len(self.cpu_decodes))
+
+    def gpu_attn(self, p: NeoPredictor) -> float:
+        """Per-layer GPU attention: prefill attention plus GPU paged decode attention."""
+        gdec = p.gdec_T(len(self.gpu_decodes), self.gdec_ctx) if self.gpu_decodes else 0.0
+        return self.pref + gdec
+
+    def gpu_time(self, p: NeoPredictor) -> float:
+        """Per-layer GPU time: linear work plus GPU attention."""
+        return p.linr_T(self.width) + self.gpu_attn(p)
+
+    def cpu_time(self, p: NeoPredictor) -> float:
+        """Per-layer CPU attention plus the launch term (charged even with no CPU decode)."""
+        n = len(self.cpu_decodes)
+        return (p.cdec_T(n, self.cdec_ctx) if n else 0.0) + p.lnch_T
+
+
+def _remains(b0: SubBatch, b1: SubBatch, p: NeoPredictor) -> tuple[float, float]:
+    """Slack of NEO's two overlap conditions (paper Eq. 1 with the launch term):
+    remains[j] = linr(s_{1-j}) + pref_j + gdec_j - (cdec_j + lnch)."""
+    return (p.linr_T(b1.width) + b0.gpu_attn(p) - b0.cpu_time(p),
+            p.linr_T(b0.width) + b1.gpu_attn(p) - b1.cpu_time(p))
+
+
+@dataclass(slots=True)
+class NeoPlan:
+    """One NEO iteration: [] nothing runs, [b] GPU-only, [b0, b1] pipelined."""
+
+    batches: list[SubBatch] = field(default_factory=list)
+    swap_outs: list[Request] = field(default_factory=list)
+    swap_ins: list[Request] = field(default_factory=list)
+    swap_out_blocks: int = 0
+    swap_in_blocks: int = 0
+
+    @property
+    def pipelined(self) -> bool:
+        return len(self.batches) == 2
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.batches or self.swap_outs or self.swap_ins)
+
+
+def layer_time(plan: NeoPlan, p: NeoPredictor) -> float:
+    """Per-layer time of the iteration (BASELINES §A4): GPU-only runs gpu_time; pipelined runs
+    two stages, each max(GPU part, CPU part + launch)."""
+    if not plan.batches:
+        return 0.0
+    if not plan.pipelined:
+        return plan.batches[0].gpu_time(p)
+    b0, b1 = plan.batches
+    stage0 = max(p.linr_T(b0.width), b1.cpu_time(p))
+    stage1 = max(p.linr_T(b1.width) + b0.gpu_attn(p), b0.cpu_time(p))
+    return stage0 + stage1
+
+
+class NeoScheduler:
+    """The three NEO queues over an HBM pool and a host pool."""
+
+    def __init__(self, config: NeoConfig, predictor: NeoPredictor) -> None:
+        self.config = config
+        self.p = predictor
+        self.hbm = BlockPool("HBM", config.gpu_kv_blocks)
+        self.host = BlockPool("host", config.host_kv_blocks)
+        self.waiting: deque[Request] = deque()
+        self.gpu_q: list[Request] = []
+        self.cpu_q: deque[Request] = deque()
+        self.finished: list[Request] = []
+        self.n_submitted = 0
+
+    def submit(self, req: Request) -> None:
+        self.waiting.append(req)
+        self.n_submitted += 1
+
+    def _blocks(self, r: Request) -> int:
+        """_get_block_needed: blocks for the KV this iteration leaves behind."""
+        return blocks_for(r.kv_tokens_after_step, self.config.block_size)
+
+    # ----------------------------------------------------------------- one iteration
+
+    def schedule(self, now: float) -> NeoPlan:
+        """Decide and commit one iteration (NEO's get_next_batch mutates its queues too)."""
+        cfg, bs = self.config, self.config.block_size
+        plan = NeoPlan()
+        budget = _Budget(cfg.max_batch_size, cfg.max_tokens_in_batch)
+        swap_in_threshold = round(cfg.swap_in_fraction * cfg.gpu_kv_blocks)
+        cpu_threshold = cfg.host_kv_blocks - cfg.gpu_kv_blocks
+        itm_blocks = cfg.gpu_kv_blocks if cfg.itm_blocks is None else cfg.itm_blocks
+        # GPU decodes always run.
+        gpu_needed = sum(self._blocks(r) for r in self.gpu_q)
+        budget.slots -= len(self.gpu_q)
+        budget.tokens -= len(self.gpu_q)
+        # Swap-out from the tail at 100%; victims go to the CPU queue's head in arrival order.
+        while self.gpu_q and (budget.overspent or gpu_needed > cfg.gpu_kv_blocks):
+            r = self.gpu_q.pop()
+            self.cpu_q.appendleft(r)
+            gpu_needed -= self._blocks(r)
+            budget.refund(1)
+            plan.swap_outs.append(r)
+        # Swap-in from the head at 95%, strict head-of-line, never in a swap-out iteration.
+        while not plan.swap_outs and self.cpu_q:
+            head = self.cpu_q[0]
+            if gpu_needed + self._blocks(head) > swap_in_threshold or not budget.take(1):
+                break
+            self.gpu_q.append(self.cpu_q.popleft())
+            gpu_needed += self._blocks(head)
+            plan.swap_ins.append(head)
+        # Prefill candidates, FCFS; the first CPU-bound prompt sends all later ones to the CPU.
+        itm_needed = 0
+        cpu_needed = sum(self._blocks(r) for r in self.cpu_q)
+        b0 = SubBatch.with_gpu_decodes(self.gpu_q)
+        for r in self.waiting:
+            blk = blocks_for(r.prompt_tokens, bs)
+            if itm_needed + blk > itm_blocks or cpu_needed + blk > cpu_threshold:
+                break
+            if not budget.take(r.prompt_tokens):
+                break
+            if not b0.cpu_prefills and gpu_needed + blk <= cfg.gpu_kv_blocks:
+                b0.add_prefill(r, False, self.p)
+                gpu_needed += blk
+            else:
+                b0.add_prefill(r, True, self.p)
+                itm_needed += blk
+                cpu_needed += blk
+        plan.batches = self._decide_mode(b0, budget)
+        self._commit(plan, now)
+        return plan
+
+    def _decide_mode(self, b0: SubBatch, budget: _Budget) -> list[SubBatch]:
+        """_decide_mode_and_gen_batch: pipelined [b0, b1] or GPU-only [b], or nothing."""
+        cfg, p = self.config, self.p
+        if not len(b0) and cfg.gpu_kv_blocks > 0:
+            return []  # nothing on the GPU: nothing runs, even with CPU decodes waiting
+        gpu_only = b0.copy()
+        while gpu_only.cpu_prefills:  # keep CPU prefills only to hold the width >= 128
+            if gpu_only.width - gpu_only.cpu_prefills[-1].prompt_tokens < cfg.linr_s_threshold:
+                break
+            gpu_only.pop_cpu_prefill(p)
+        b1 = SubBatch()
+        batches = (b0, b1)
+        nxt, min_out = 1, None
+        for r in self.cpu_q:
+            if not budget.take(1):
+                break
+            if min_out is not None and r.kv_tokens_after_step >= min_out:
+                budget.refund(1)
+                continue
+            batches[nxt].add_cpu_decode(r)
+            rem = _remains(b0, b1, p)
+            if min(rem) < 0:
+                batches[nxt].pop_cpu_decode()
+                budget.refund(1)
+                min_out = r.kv_tokens_after_step  # every longer request is skipped from now on
+            else:
+                nxt = 1 if rem[1] > rem[0] else 0
+        if not b1.cpu_decodes:
+            return [gpu_only]
+        while b0.cpu_prefills:  # CPU prefills survive only as cover or to hold the width
+            last = b0.pop_cpu_prefill(p)
+            if b0.width < cfg.linr_s_threshold or min(_remains(b0, b1, p)) < 0:
+                b0.add_prefill(last, True, p)
+                break
+        seq_rate = len(gpu_only) / gpu_only.gpu_time(p)
+        pipe_rate = (len(b0) + len(b1)) / (b0.gpu_time(p) + b1.gpu_time(p))
+        return [b0, b1] if seq_rate < pipe_rate else [gpu_only]
+
+    def _commit(self, plan: NeoPlan, now: float) -> None:
+        """Move blocks for swaps, pop the surviving FCFS prefix of prefills, allocate KV."""
+        bs = self.config.block_size
+        for r in plan.swap_outs:
+            plan.swap_out_blocks += len(r.blocks)
+            self.hbm.release(r.blocks)
+            r.blocks = self.host.allocate(len(r.blocks))
+            r.owner = Owner.CPU
+            r.migrations.append((now, "swap_out"))
+        for r in plan.swap_ins:
+            plan.swap_in_blocks += len(r.blocks)
+            self.host.release(r.blocks)
+            r.blocks = self.hbm.allocate(len(r.blocks))
+            r.owner = Owner.GPU
+            r.migrations.append((now, "swap_in"))
+        for b in plan.batches:
+            for r in b.gpu_prefills:
+                self.waiting.popleft()
+                r.blocks = self.hbm.allocate(blocks_for(r.prompt_tokens, bs))
+                self.gpu_q.append(r)
+            for r in b.cpu_prefills:
+                self.waiting.popleft()
+                r.blocks = self.host.allocate(blocks_for(r.prompt_tokens, bs))
+                r.owner = Owner.CPU
+                r.migrations.append((now, "prefill_to_cpu"))
+                self.cpu_q.append(r)
+            for pool, decodes in ((self.hbm, b.gpu_decodes), (self.host, b.cpu_decodes)):
+                for r in decodes:
+                    grow = self._blocks(r) - len(r.blocks)
+                    if grow > 0:
+                        r.blocks.extend(pool.allocate(grow))
+
+    def apply(self, plan: NeoPlan, end_s: float) -> None:
+        """Every request in the iteration gets exactly one token."""
+        done = False
+        for b in plan.batches:
+            for r in b.prefills + b.gpu_decodes:
+                r.emit(end_s, Owner.GPU)
+                done |= r.finished
+            for r in b.cpu_decodes:
+                r.emit(end_s, Owner.CPU)
+                done |= r.finished
+        if done:
+            self.gpu_q = self._drop_finished(self.gpu_q, self.hbm)
+            self.cpu_q = deque(self._drop_finished(self.cpu_q, self.host))
+
+    def _drop_finished(self, queue, pool: BlockPool) -> list[Request]:
+        keep = []
+        for r in queue:
+            if r.finished:
+                pool.release(r.blocks)
+                r.blocks = []
+                self.finished.append(r)
+            else:
+                keep.append(r)
+        return keep
+
+    def check_invariants(self) -> None:
+        queues = (self.waiting, self.gpu_q, self.cpu_q, self.finished)
+        seen = [r.req_id for q in queues for r in q]
+        assert len(seen) == len(set(seen)) == self.n_submitted, "a request lost or duplicated"
+        assert sum(len(r.blocks) for r in self.gpu_q) == self.hbm.used, "HBM accounting"
+        assert sum(len(r.blocks) for r in self.cpu_q) == self.host.used, "host accounting"
+        assert all(r.owner == Owner.GPU for r in self.gpu_q)
+        assert all(r.owner == Owner.CPU for r in self.cpu_q)

@@ -1,0 +1,161 @@
+"""What every simulated serving node shares: the clock, arrivals, the PCIe link, the GPU
+worker, wake-ups between engine loops, the end-of-run check and engine counters.
+
+Policies differ only in their engine loops (subclasses); nothing here decides anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import simpy
+
+from ..core import GpuPlan, GpuResult, Request
+from ..costs import CostModel
+from .gpu import GpuDevice
+from .links import Link
+
+
+class SimulationStalled(RuntimeError):
+    """Every engine is idle with unfinished requests: the configuration cannot serve them."""
+
+
+@dataclass
+class SimStats:
+    """Engine-level counters a run reports beside the per-request records."""
+
+    gpu_rounds: int = 0
+    migration_only_rounds: int = 0
+    cpu_rounds: int = 0
+    routes: dict[str, int] = field(default_factory=dict)  # route name -> CPU rounds
+    swap_outs: int = 0
+    swap_ins: int = 0
+    prefills_to_cpu: int = 0
+    preemptions: int = 0  # vLLM recompute preemptions
+    pipelined_iterations: int = 0  # NEO iterations that ran two sub-batches
+    assist_calls: int = 0
+    gpu_busy_s: float = 0.0
+    gpu_assist_s: float = 0.0
+    cpu_busy_s: float = 0.0
+    h2d_bytes: int = 0
+    d2h_bytes: int = 0
+    stage_mode: bool = False
+    end_s: float = 0.0
+
+
+@dataclass
+class SimOutput:
+    requests: list[Request]  # in submission order
+    stats: SimStats
+
+
+class Node:
+    """Base of a simulated node; subclasses start their engine processes in `_start`."""
+
+    def __init__(
+        self,
+        specs: Sequence,
+        cost: CostModel,
+        block_size: int,
+        stage_mode: bool = False,
+        on_finish: Callable[[int], None] | None = None,
+    ) -> None:
+        self.env = simpy.Environment()
+        self.cost = cost
+        link = cost.profile.link
+        self.link = Link(link.h2d_bytes_per_s, link.d2h_bytes_per_s, link.latency_s)
+        self.gpu = GpuDevice(self.env, cost.poll_s, stage_mode)
+        self.stats = SimStats(stage_mode=stage_mode)
+        self.requests = [
+            Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, block_size)
+            for i, s in enumerate(specs)
+        ]
+        self._on_finish = on_finish
+        self._events: dict[str, simpy.Event] = {}
+        self._n_finished = 0
+        self._n_layers = cost.n_layers
+
+    # --- for subclasses ----------------------------------------------------------------
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def _submit(self, req: Request) -> None:
+        raise NotImplementedError
+
+    def _finished_count(self) -> int:
+        raise NotImplementedError
+
+    def _describe(self) -> str:
+        raise NotImplementedError
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    def run(self) -> SimOutput:
+        env = self.env
+        env.process(self._arrivals())
+        self._start()
+        env.run()
+        unfinished = len(self.requests) - self._finished_count()
+        if unfinished:
+            raise SimulationStalled(
+                f"simulation stalled at t={env.now:.3f}s with {unfinished} unfinished requests "
+                f"({self._describe()})"
+            )
+        s = self.stats
+        s.gpu_busy_s, s.gpu_assist_s, s.assist_calls = (
+            self.gpu.busy_s, self.gpu.assist_s, self.gpu.assist_calls
+        )
+        s.h2d_bytes, s.d2h_bytes = self.link.h2d.bytes_moved, self.link.d2h.bytes_moved
+        s.end_s = env.now
+        return SimOutput(self.requests, s)
+
+    def _done(self) -> bool:
+        return self._finished_count() == len(self.requests)
+
+    def _idle(self, engine: str) -> simpy.Event:
+        """An event the named engine waits on until another process wakes it."""
+        event = self.env.event()
+        self._events[engine] = event
+        return event
+
+    def _wake(self, engine: str) -> None:
+        event = self._events.pop(engine, None)
+        if event is not None and not event.triggered:
+            event.succeed()
+
+    def _note_finished(self) -> None:
+        """Report newly finished requests; at the end, let idle engines see it and exit."""
+        now = self._finished_count()
+        if now != self._n_finished:
+            if self._on_finish is not None:
+                self._on_finish(now - self._n_finished)
+            self._n_finished = now
+            if now == len(self.requests):
+                for engine in list(self._events):
+                    self._wake(engine)
+
+    def _arrivals(self):
+        env = self.env
+        for r in self.requests:
+            if r.arrival_s > env.now:
+                yield env.timeout(r.arrival_s - env.now)
+            self._submit(r)
+            self._wake("gpu")
+
+    def _forward_times(self, plan: GpuPlan) -> tuple[float, float, float]:
+        """Pre-layer, one transformer layer and post-layer (+ overhead) of a GPU-main batch."""
+        cost = self.cost
+        chunks = [(c.tokens, c.start + c.tokens) for c in plan.prefills]
+        n_tokens = plan.n_tokens
+        pre = cost.gpu_pre_layer(n_tokens)
+        layer = cost.gpu_layer(n_tokens, chunks, len(plan.decodes), plan.decode_context)
+        post = cost.gpu_post_layer(plan.n_sampled) + cost.gpu_iteration_overhead
+        return pre, layer, post
+
+    def _run_forward(self, plan: GpuPlan):
+        """Execute a GPU-main batch on the GPU worker; returns its GpuResult."""
+        pre, layer, post = self._forward_times(plan)
+        yield from self.gpu.run_batch(pre, layer, self._n_layers, post)
+        return GpuResult(self.env.now)
