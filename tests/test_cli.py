@@ -11,12 +11,10 @@ from typer.testing import CliRunner
 from dualpace_sim.cli import app
 from dualpace_sim.records import read_records
 
-from .sim.conftest import write_scenario  # noqa: F401  (fixture)
-
 runner = CliRunner()
 
 
-def test_run_writes_records_summary_and_timeline(write_scenario, tmp_path):  # noqa: F811
+def test_run_writes_records_summary_and_timeline(write_scenario, tmp_path):
     out = tmp_path / "out"
     result = runner.invoke(app, ["run", str(write_scenario()), "--out", str(out), "--quiet"])
     assert result.exit_code == 0, result.output
@@ -45,7 +43,7 @@ BAD = [
 
 
 @pytest.mark.parametrize("fields, expected", BAD, ids=[e for _, e in BAD])
-def test_bad_scenarios_get_one_clear_line_and_exit_2(write_scenario, tmp_path, fields,  # noqa: F811
+def test_bad_scenarios_get_one_clear_line_and_exit_2(write_scenario, tmp_path, fields,
                                                       expected):
     path = write_scenario(**fields)
     result = runner.invoke(app, ["run", str(path), "--out", str(tmp_path / "o")])
