@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from .profile_cli import profile_app
 from .scenario import ScenarioError
 from .sim import SimulationStalled
 
@@ -40,6 +41,106 @@ def run(
         values = "  ".join(f"{k}={s[k]:.4g}" for k in keys)
         typer.echo(f"{s['policy']}: completed={s['completed']}/{s['submitted']}  {values}")
     typer.echo(f"results in {out}/ (requests.parquet, summary.json, timeline.png)")
+
+
+@app.command()
+def sweep(
+    scenario: Annotated[Path, typer.Argument(help="scenario YAML file with a sweep section")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="directory for the sweep")],
+    workers: Annotated[int | None, typer.Option(
+        "--workers", "-j", min=1, help="worker processes (default: CPU count)")] = None,
+    restart: Annotated[bool, typer.Option(
+        "--restart", help="discard what OUT holds from an earlier sweep and start over")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar or table")] = False,
+) -> None:
+    """Run every (policy, rate) point of SCENARIO's sweep in parallel; rerun to resume.
+
+    Writes OUT/points/<policy>@<rate>/ as points finish, then sweep.csv and sustainable.csv.
+    """
+    from .sweep import SweepError, SweepInterrupted, format_sustainable, run_sweep
+
+    try:
+        result = run_sweep(scenario, out, workers=workers, restart=restart, progress=not quiet)
+    except (ScenarioError, SweepError) as e:
+        _fail(str(e))
+    except SweepInterrupted as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(130) from None
+    if not quiet:
+        done = sum(p.status == "done" for p in result.points)
+        skipped = sum(p.status == "skipped" for p in result.points)
+        typer.echo(f"{result.name}: {len(result.points)} points ({done} computed, {skipped} "
+                   f"already finished, {len(result.failed)} failed) in {result.wall_s:.1f}s")
+        if not result.sustainable.empty:
+            typer.echo(format_sustainable(result.sustainable, result.table["rate"]))
+        typer.echo(f"results in {out}/ (sweep.csv, sustainable.csv, points/); "
+                   f"figures: dualpace-sim plot {out}")
+    if result.failed:
+        for p in result.failed:
+            typer.echo(f"error: point {p.name} failed: {p.error} "
+                       f"(traceback in {out / 'points' / p.name / 'error.txt'})", err=True)
+        typer.echo(f"error: {len(result.failed)} of {len(result.points)} points failed; the CSVs "
+                   f"cover the others; rerun the same command to retry the failed ones", err=True)
+        raise typer.Exit(1)
+
+
+@app.command()
+def plot(
+    dirs: Annotated[list[Path], typer.Argument(
+        help="a sweep directory (has sweep.csv) or a run directory (has requests.parquet and "
+             "summary.json); several sweep directories with --compare")],
+    compare: Annotated[bool, typer.Option(
+        "--compare", help="overlay several sweep directories in one figure")] = False,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="directory for the figures (default DIR/plots; needed with "
+                            "--compare)")] = None,
+    label: Annotated[list[str] | None, typer.Option(
+        "--label", "-l", help="legend label per directory with --compare (repeat; default: "
+                              "directory names)")] = None,
+    rate: Annotated[float | None, typer.Option(
+        "--rate", help="offered rate of the sweep's timeline figure (default: highest rate "
+                       "where every policy meets the normalized-latency target)")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print nothing on success")] = False,
+) -> None:
+    """Draw figures (PNG and PDF) of a sweep directory, a run directory, or compare sweeps."""
+    from .plots import is_run_dir, plot_compare_dirs, plot_run_dir, plot_sweep_dir
+    from .sweep import is_sweep_dir
+
+    for d in dirs:
+        if not (is_sweep_dir(d) or (not compare and is_run_dir(d))):
+            wanted = ("a sweep directory (with sweep.csv)" if compare else
+                      "a sweep directory (with sweep.csv) or a run directory (with "
+                      "requests.parquet and summary.json)")
+            _fail(f"{d}: not {wanted}")
+    try:
+        if compare:
+            if out is None:
+                _fail("plot --compare: give --out DIR for the comparison figures")
+            report = plot_compare_dirs(dirs, label, out)
+        else:
+            if len(dirs) != 1:
+                _fail("plot: give one directory, or several sweep directories with --compare")
+            if label:
+                _fail("plot: --label goes with --compare")
+            if is_sweep_dir(dirs[0]):
+                report = plot_sweep_dir(dirs[0], out, rate)
+            else:
+                if rate is not None:
+                    _fail("plot: --rate applies to sweep directories")
+                report = plot_run_dir(dirs[0], out)
+    except (ValueError, OSError) as e:
+        _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    if quiet:
+        return
+    for line in report.lines:
+        typer.echo(line)
+    folders = sorted({str(f.parent) for f in report.files})
+    typer.echo(f"{len(report.files)} figure files in {', '.join(folders)}/: "
+               + ", ".join(sorted({f.stem for f in report.files})))
+
+
+app.add_typer(profile_app, name="profile", help="Inspect a calibration profile and fit its "
+              "controls (routing thresholds P/F, GPU token limit, CPU batch limit).")
 
 
 @app.command()

@@ -137,3 +137,70 @@ def sustainable_rate(
     if np.isnan(v[k]):
         return float(r[k - 1])
     return float(r[k - 1] + (target - v[k - 1]) / (v[k] - v[k - 1]) * (r[k] - r[k - 1]))
+
+
+def cpu_token_times(df: pd.DataFrame) -> np.ndarray:
+    """Emission times of every CPU-produced token (owner ``C``) of all requests, sorted."""
+    times, _ = _token_times(df)
+    is_cpu = np.frombuffer("".join(df["token_owners"]).encode("ascii"), dtype=np.uint8) == ord("C")
+    return np.sort(times[is_cpu]) if times.size else np.empty(0)
+
+
+_TO_CPU = ("prefill_to_cpu", "swap_out")
+
+
+def cpu_residency(df: pd.DataFrame) -> list[tuple[float, float]]:
+    """Merged intervals during which at least one request was CPU-resident: from its
+    Prefill-to-CPU landing or swap-out to its swap-in, or else to its last token."""
+    spans = []
+    for kinds, times, tokens in zip(df["migration_kinds"], df["migration_times_s"],
+                                    df["token_times_s"], strict=True):
+        start = None
+        for kind, t in sorted(zip(kinds, times, strict=True), key=lambda kt: kt[1]):
+            if kind in _TO_CPU and start is None:
+                start = t
+            elif kind == "swap_in" and start is not None:
+                spans.append((start, t))
+                start = None
+        if start is not None and len(tokens):
+            spans.append((start, max(start, float(tokens[-1]))))
+    merged: list[list[float]] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def longest_cpu_stall_interval(df: pd.DataFrame) -> tuple[float, float] | None:
+    """Start and end of the longest CPU stall (see :func:`longest_cpu_stall`); None when no
+    request was ever CPU-resident. Ties go to the earliest stall."""
+    if df["policy"].nunique() > 1:
+        raise ValueError("longest_cpu_stall takes the records of one policy; group by 'policy'")
+    residency = cpu_residency(df)
+    if not residency:
+        return None
+    times = cpu_token_times(df)
+    best: tuple[float, float] | None = None
+    for a, b in residency:
+        inside = times[np.searchsorted(times, a):np.searchsorted(times, b, side="right")]
+        points = np.concatenate(([a], inside, [b]))
+        gaps = np.diff(points)
+        k = int(np.argmax(gaps))
+        if best is None or gaps[k] > best[1] - best[0]:
+            best = (float(points[k]), float(points[k + 1]))
+    return best
+
+
+def longest_cpu_stall(df: pd.DataFrame) -> float:
+    """Longest stall of CPU-resident decode progress, in seconds.
+
+    The longest stretch during which some request was CPU-resident (its KV in host memory:
+    after its Prefill-to-CPU copy landed or its swap-out, before its swap-in or last token) yet
+    the CPU tier emitted no token at all. Periods with no CPU-resident request are idle, not
+    stalled, and do not count. NaN when no request was ever CPU-resident (a GPU-only policy).
+    This is the paper's Figure 1 (top right) plateau, measured.
+    """
+    interval = longest_cpu_stall_interval(df)
+    return math.nan if interval is None else interval[1] - interval[0]

@@ -7,6 +7,7 @@ are written without a creation date so reruns give identical files.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -14,40 +15,298 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from dualpace_sim.metrics import itl_values, token_timeline, ttft_values
+from dualpace_sim.metrics import (
+    itl_values,
+    longest_cpu_stall_interval,
+    sustainable_rate,
+    token_timeline,
+    ttft_values,
+)
 
 CDF_MAX_POINTS = 2000
 
 
-def plot_timeline(frames: dict[str, pd.DataFrame], out_stem: Path) -> None:
+def plot_timeline(frames: dict[str, pd.DataFrame], out_stem: Path, *, title: str | None = None,
+                  annotate_stalls: bool = False) -> None:
     """Cumulative generated tokens (left) and cumulative CPU-decoded tokens (right) over time,
-    one line per policy, like the paper's Figure 1 (top). Writes ``out_stem``.png and .pdf."""
+    one line per policy, like the paper's Figure 1 (top). Writes ``out_stem``.png and .pdf.
+
+    With ``annotate_stalls`` the CPU panel also shades each policy's longest gap in CPU-resident
+    progress (:func:`dualpace_sim.metrics.longest_cpu_stall`) and gives its length in the legend.
+    """
     fig, (total_ax, cpu_ax) = _figure()
+    colors = _policy_colors(frames)
     for policy, df in frames.items():
         timeline = token_timeline(df)
-        total_ax.plot(timeline["time_s"], timeline["total_tokens"], label=policy)
-        cpu_ax.plot(timeline["time_s"], timeline["cpu_tokens"], label=policy)
+        color = colors[policy]
+        total_ax.plot(timeline["time_s"], timeline["total_tokens"], label=policy, color=color)
+        cpu_ax.plot(timeline["time_s"], timeline["cpu_tokens"], label=policy, color=color)
+        if annotate_stalls and len(df):
+            interval = longest_cpu_stall_interval(df)
+            if interval is None:
+                cpu_ax.plot([], [], " ", label=f"{policy}: no CPU-produced tokens")
+            else:
+                start, end = interval
+                cpu_ax.axvspan(start, end, color=color, alpha=0.18, lw=0,
+                               label=f"{policy}: longest CPU stall {end - start:.3g} s "
+                                     f"({start:.0f}\u2013{end:.0f} s)")
     total_ax.set(xlabel="time (s)", ylabel="generated tokens (cumulative)",
                  title="Generated tokens")
     cpu_ax.set(xlabel="time (s)", ylabel="CPU-decoded tokens (cumulative)",
                title="CPU-resident decoded tokens")
+    if title:
+        fig.suptitle(title)
     _save(fig, out_stem)
 
 
-def plot_latency_cdf(frames: dict[str, pd.DataFrame], out_stem: Path) -> None:
-    """CDFs of TTFT (left) and inter-token latency (right), one line per policy."""
+def plot_latency_cdf(frames: dict[str, pd.DataFrame], out_stem: Path, *,
+                     title: str | None = None) -> None:
+    """CDFs of TTFT (left) and inter-token latency (right), one line per policy; log-scaled x
+    where the latencies span decades."""
     fig, (ttft_ax, itl_ax) = _figure()
+    colors = _policy_colors(frames)
+    ttfts, itls = [], []
     for policy, df in frames.items():
-        ttft_ax.plot(*_cdf(ttft_values(df)), label=policy)
-        itl_ax.plot(*_cdf(itl_values(df)), label=policy)
+        ttft, itl = ttft_values(df), itl_values(df)
+        ttft_ax.plot(*_cdf(ttft), label=policy, color=colors[policy])
+        itl_ax.plot(*_cdf(itl), label=policy, color=colors[policy])
+        ttfts.append(ttft)
+        itls.append(itl)
+    _log_if_decades(ttft_ax, ttfts, axis="x")
+    _log_if_decades(itl_ax, itls, axis="x")
     ttft_ax.set(xlabel="time to first token (s)", ylabel="fraction of requests", title="TTFT")
     itl_ax.set(xlabel="inter-token latency (s)", ylabel="fraction of token gaps", title="ITL")
+    if title:
+        fig.suptitle(title)
     _save(fig, out_stem)
+
+
+# ----------------------------------------------------------------------------- sweeps
+
+# (panel title, axis label) of each metric a sweep reports.
+METRIC_LABELS = {
+    "normalized_latency_s": ("Normalized latency", "normalized latency (s/token)"),
+    "p99_ttft_s": ("P99 TTFT", "P99 time to first token (s)"),
+    "p99_itl_s": ("P99 ITL", "P99 inter-token latency (s)"),
+    "p99_tpot_s": ("P99 TPOT", "P99 time per output token (s)"),
+    "throughput_tok_s": ("Throughput", "output throughput (tokens/s)"),
+    "cpu_token_fraction": ("CPU-decoded share", "fraction of tokens decoded on the CPU"),
+    "longest_cpu_stall_s": ("Longest CPU stall", "longest gap in CPU progress (s)"),
+}
+METRIC_UNITS = {"normalized_latency_s": "s/token", "throughput_tok_s": "tokens/s",
+                "cpu_token_fraction": ""}
+P99_METRICS = ("p99_ttft_s", "p99_itl_s", "p99_tpot_s")
+RATE_LABEL = "offered load (req/s)"
+LOG_SPAN = 30.0  # use a log axis when the plotted values span more than this factor
+
+# Fixed colours for the known policies, so a policy looks the same in every figure.
+POLICY_COLORS = {"dualpace": "C0", "vllm": "C1", "neo": "C2"}
+
+
+def plot_latency_vs_rate(table: pd.DataFrame, out_stem: Path, target: float | None = None,
+                         *, title: str | None = None) -> None:
+    """Normalized latency vs offered rate, one line per policy (a sweep.csv frame), with the
+    target as a dashed line and each policy's sustainable rate as a dotted vertical line."""
+    fig = _new_figure((6.5, 4.5))
+    ax = fig.subplots()
+    _metric_panel(ax, table, "normalized_latency_s", target, mark_sustainable=True)
+    ax.set_title(title or "Normalized latency vs offered load")
+    _save(fig, out_stem)
+
+
+def plot_p99_vs_rate(table: pd.DataFrame, out_stem: Path, targets: dict[str, float] | None = None,
+                     *, title: str | None = None) -> None:
+    """P99 TTFT, P99 ITL and P99 TPOT vs offered rate (three panels), with target lines."""
+    targets = targets or {}
+    fig = _new_figure((15, 4.5))
+    for ax, metric in zip(fig.subplots(1, 3), P99_METRICS, strict=True):
+        _metric_panel(ax, table, metric, targets.get(metric), mark_sustainable=True)
+    if title:
+        fig.suptitle(title)
+    _save(fig, out_stem)
+
+
+def plot_sweep_comparison(frames_by_label: dict[str, pd.DataFrame], out_stem: Path,
+                          targets: dict[str, float] | None = None, *,
+                          title: str | None = None) -> None:
+    """Several sweeps in one figure: normalized latency and the three P99 metrics vs offered rate
+    (2×2 panels), one colour per sweep, one line style per policy, target lines dashed."""
+    targets = targets or {}
+    fig = _new_figure((12, 8.5))
+    axes = fig.subplots(2, 2).ravel()
+    metrics = ("normalized_latency_s", *P99_METRICS)
+    for ax, metric in zip(axes, metrics, strict=True):
+        _overlay_panel(ax, frames_by_label, metric, targets.get(metric))
+    if title:
+        fig.suptitle(title)
+    _save(fig, out_stem, legend_axes=[axes[0]])
+
+
+def plot_sensitivity(frames_by_setting: dict[str, pd.DataFrame], metric: str, out_stem: Path,
+                     title: str, target: float | None = None) -> None:
+    """Overlay sweeps taken under different settings (e.g. host KV 30/60/120/240 GiB).
+
+    Left: ``metric`` vs offered rate, one colour per setting (in the given order), one line style
+    per policy, ``target`` dashed. Right, when a target is given: the sustainable request rate at
+    that target per setting and policy; a hatched bar reaching the top of the sweep means
+    "above the sweep", an empty slot marked "<" means "below the sweep".
+    """
+    fig = _new_figure((13, 4.8) if target is not None else (7, 4.8))
+    axes = fig.subplots(1, 2 if target is not None else 1)
+    axes = np.atleast_1d(axes)
+    _overlay_panel(axes[0], frames_by_setting, metric, target)
+    if target is not None:
+        _sustainable_bars(axes[1], frames_by_setting, metric, target)
+    fig.suptitle(title)
+    _save(fig, out_stem)
+
+
+def default_timeline_rate(table: pd.DataFrame, target: float) -> float:
+    """The highest swept rate at which every policy meets the normalized-latency target, else
+    the lowest swept rate."""
+    rates = sorted(set(table["rate"].astype(float)))
+    policies = set(table["policy"])
+    best = None
+    for rate in rates:
+        rows = table[np.isclose(table["rate"].astype(float), rate)]
+        ok = rows[rows["normalized_latency_s"].astype(float) <= target]
+        if set(ok["policy"]) >= policies:
+            best = rate
+    return rates[0] if best is None else best
+
+
+def _metric_panel(ax, table: pd.DataFrame, metric: str, target: float | None,
+                  mark_sustainable: bool) -> None:
+    name, ylabel = METRIC_LABELS.get(metric, (metric, metric))
+    policies = list(dict.fromkeys(table["policy"]))
+    colors = _policy_colors(policies)
+    values = []
+    for policy in policies:
+        rows = table[table["policy"] == policy].sort_values("rate")
+        rates = rows["rate"].to_numpy(float)
+        y = rows[metric].to_numpy(float)
+        values.append(y)
+        label = policy
+        if mark_sustainable and target is not None and len(rates):
+            rate = sustainable_rate(rates, y, target)
+            label = f"{policy} (sustainable {_rate_text(rate, rates)} req/s)"
+            if isinstance(rate, float):
+                ax.axvline(rate, color=colors[policy], ls=":", lw=1.2)
+        ax.plot(rates, y, marker="o", ms=4, color=colors[policy], label=label)
+    if target is not None:
+        ax.axhline(target, color="0.3", ls="--", lw=1.2, label=_target_label(metric, target))
+        values.append(np.array([target]))
+    _log_if_decades(ax, values)
+    ax.set(xlabel=RATE_LABEL, ylabel=ylabel, title=name)
+
+
+def _overlay_panel(ax, frames: dict[str, pd.DataFrame], metric: str,
+                   target: float | None) -> None:
+    name, ylabel = METRIC_LABELS.get(metric, (metric, metric))
+    setting_colors = _setting_colors(list(frames))
+    policies = list(dict.fromkeys(p for t in frames.values() for p in t["policy"]))
+    styles = dict(zip(policies, ["-", "--", "-.", ":"] * 4, strict=False))
+    markers = dict(zip(policies, ["o", "s", "^", "D"] * 4, strict=False))
+    values = []
+    for setting, table in frames.items():
+        for policy in policies:
+            rows = table[table["policy"] == policy].sort_values("rate")
+            if rows.empty:
+                continue
+            y = rows[metric].to_numpy(float)
+            values.append(y)
+            label = setting if len(policies) == 1 else f"{setting} / {policy}"
+            ax.plot(rows["rate"].to_numpy(float), y, ls=styles[policy], marker=markers[policy],
+                    ms=4, color=setting_colors[setting], label=label)
+    if target is not None:
+        ax.axhline(target, color="0.3", ls="--", lw=1.2, label=_target_label(metric, target))
+        values.append(np.array([target]))
+    _log_if_decades(ax, values)
+    ax.set(xlabel=RATE_LABEL, ylabel=ylabel, title=name)
+
+
+def _sustainable_bars(ax, frames: dict[str, pd.DataFrame], metric: str, target: float) -> None:
+    settings = list(frames)
+    policies = list(dict.fromkeys(p for t in frames.values() for p in t["policy"]))
+    colors = _policy_colors(policies)
+    width = 0.8 / max(len(policies), 1)
+    for j, policy in enumerate(policies):
+        for i, setting in enumerate(settings):
+            rows = frames[setting]
+            rows = rows[rows["policy"] == policy].sort_values("rate")
+            if rows.empty:
+                continue
+            rates = rows["rate"].to_numpy(float)
+            rate = sustainable_rate(rates, rows[metric].to_numpy(float), target)
+            x = i - 0.4 + width * (j + 0.5)
+            label = policy if i == 0 else None
+            if isinstance(rate, float):
+                ax.bar(x, rate, width, color=colors[policy], label=label)
+                ax.annotate(f"{rate:.3g}", (x, rate), ha="center", va="bottom", fontsize=8)
+            elif rate == "above_sweep":
+                ax.bar(x, rates[-1], width, color=colors[policy], alpha=0.5, hatch="//",
+                       label=label)
+                ax.annotate(f"> {rates[-1]:g}", (x, rates[-1]), ha="center", va="bottom",
+                            fontsize=8)
+            else:
+                ax.bar(x, 0, width, color=colors[policy], label=label)
+                ax.annotate(f"< {rates[0]:g}", (x, 0), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(settings)), settings)
+    name = METRIC_LABELS.get(metric, (metric,))[0]
+    unit = METRIC_UNITS.get(metric, "s")
+    ax.set(ylabel="sustainable request rate (req/s)",
+           title=f"Sustainable rate at {name} \u2264 {target:g} {unit}".rstrip())
+    ax.margins(y=0.12)
+
+
+def _target_label(metric: str, target: float) -> str:
+    return f"target {target:g} {METRIC_UNITS.get(metric, 's')}".rstrip()
+
+
+def _rate_text(rate: float | str, rates: np.ndarray) -> str:
+    if rate == "above_sweep":
+        return f"> {rates.max():g}"
+    if rate == "below_sweep":
+        return f"< {rates.min():g}"
+    return f"{rate:.3g}"
+
+
+def _policy_colors(policies) -> dict[str, str]:
+    """Known policies keep their colour; others take the next unused ones of the cycle."""
+    policies = list(policies)
+    used = {POLICY_COLORS[p] for p in policies if p in POLICY_COLORS}
+    spare = (f"C{i}" for i in range(3, 100) if f"C{i}" not in used)
+    return {p: POLICY_COLORS.get(p) or next(spare) for p in policies}
+
+
+def _setting_colors(settings: list[str]) -> dict[str, tuple]:
+    """Ordered settings (e.g. growing host KV) as a sequential colour ramp."""
+    from matplotlib import colormaps
+
+    ramp = colormaps["viridis"]
+    n = len(settings)
+    return {s: ramp(0.85 * i / max(n - 1, 1)) for i, s in enumerate(settings)}
+
+
+def _log_if_decades(ax, arrays, axis: str = "y") -> None:
+    """Log-scale ``axis`` when its positive finite values span more than ``LOG_SPAN``."""
+    finite = [np.asarray(a, dtype=float) for a in arrays if np.size(a)]
+    if not finite:
+        return
+    values = np.concatenate(finite)
+    values = values[np.isfinite(values) & (values > 0)]
+    if values.size and values.max() / values.min() > LOG_SPAN:
+        (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+
+
+def _new_figure(size: tuple[float, float]) -> Figure:
+    fig = Figure(figsize=size, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def _figure() -> tuple[Figure, tuple]:
-    fig = Figure(figsize=(10, 4), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = _new_figure((10, 4))
     return fig, tuple(fig.subplots(1, 2))
 
 
@@ -61,12 +320,163 @@ def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return values, fraction
 
 
-def _save(fig: Figure, out_stem: Path) -> None:
+def _save(fig: Figure, out_stem: Path, legend_axes=None) -> list[Path]:
+    """Grid, legends (on ``legend_axes``, default every axis with labelled artists), then
+    ``out_stem``.png and .pdf; returns the two paths."""
     for ax in fig.axes:
         ax.grid(True, alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend()
+        if (legend_axes is None or ax in legend_axes) and ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
     out_stem = Path(out_stem)
     out_stem.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_stem.with_name(out_stem.name + ".png"), dpi=150)
-    fig.savefig(out_stem.with_name(out_stem.name + ".pdf"), metadata={"CreationDate": None})
+    png = out_stem.with_name(out_stem.name + ".png")
+    pdf = out_stem.with_name(out_stem.name + ".pdf")
+    fig.savefig(png, dpi=150)
+    fig.set_layout_engine("none")  # keep the layout just computed: the PDF needs no second pass
+    fig.savefig(pdf, metadata={"CreationDate": None})
+    return [png, pdf]
+
+
+# ----------------------------------------------------------------------------- directories
+
+
+@dataclass
+class PlotReport:
+    """What ``dualpace-sim plot`` made: figure files and lines worth printing."""
+
+    files: list[Path] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+    def add(self, out_stem: Path) -> None:
+        out_stem = Path(out_stem)
+        self.files += [out_stem.with_name(out_stem.name + ext) for ext in (".png", ".pdf")]
+
+
+def _frames_by_policy(records: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    return {str(p): df.reset_index(drop=True)
+            for p, df in records.groupby("policy", sort=False)}
+
+
+def _stall_lines(frames: dict[str, pd.DataFrame], where: str = "") -> list[str]:
+    where = f" {where}" if where else ""
+    lines = []
+    for policy, df in frames.items():
+        interval = longest_cpu_stall_interval(df) if len(df) else None
+        if interval is None:
+            lines.append(f"longest CPU-resident stall{where}: {policy}: no CPU-produced tokens")
+        else:
+            start, end = interval
+            lines.append(f"longest CPU-resident stall{where}: {policy}: {end - start:.3g} s "
+                         f"(no CPU token from t={start:.2f} s to t={end:.2f} s)")
+    return lines
+
+
+def is_run_dir(path: Path | str) -> bool:
+    path = Path(path)
+    return (path / "requests.parquet").is_file() and (path / "summary.json").is_file()
+
+
+def plot_run_dir(path: Path | str, out_dir: Path | str | None = None) -> PlotReport:
+    """Timeline (with CPU-stall annotation) and latency CDFs of a ``run`` result directory
+    (or one sweep point), into ``out_dir`` (default ``path``/plots)."""
+    from dualpace_sim.records import read_records
+
+    path = Path(path)
+    out_dir = Path(out_dir) if out_dir is not None else path / "plots"
+    frames = _frames_by_policy(read_records(path / "requests.parquet"))
+    report = PlotReport()
+    plot_timeline(frames, out_dir / "timeline", title=f"{path.name}: token progress",
+                  annotate_stalls=True)
+    report.add(out_dir / "timeline")
+    plot_latency_cdf(frames, out_dir / "latency_cdf", title=f"{path.name}: latency CDFs")
+    report.add(out_dir / "latency_cdf")
+    report.lines += _stall_lines(frames)
+    return report
+
+
+def plot_sweep_dir(path: Path | str, out_dir: Path | str | None = None,
+                   rate: float | None = None) -> PlotReport:
+    """All sweep figures of a sweep directory into ``out_dir`` (default ``path``/plots):
+    latency_vs_rate, p99_vs_rate and timeline@<rate> (Figure 1 view at ``rate``, default
+    :func:`default_timeline_rate`, with each policy's longest CPU stall annotated)."""
+    from dualpace_sim.records import read_records
+    from dualpace_sim.sweep import read_sweep_dir
+
+    sweep = read_sweep_dir(path)
+    out_dir = Path(out_dir) if out_dir is not None else sweep.path / "plots"
+    table, targets = sweep.table, sweep.targets
+    if table.empty:
+        raise ValueError(f"{sweep.path / 'sweep.csv'}: no finished points to plot")
+    target = targets["normalized_latency_s"]
+    if rate is None:
+        rate = default_timeline_rate(table, target)
+        at_rate = table[np.isclose(table["rate"], rate)]["normalized_latency_s"]
+        how = ("highest rate where every policy meets the normalized-latency target"
+               if (at_rate <= target).all() and len(at_rate) == len(sweep.policies) else
+               "no rate meets the normalized-latency target for every policy: lowest rate")
+    else:
+        rate, how = match_rate(sweep.rates, rate), "chosen with --rate"
+    report = PlotReport()
+    plot_latency_vs_rate(table, out_dir / "latency_vs_rate", target,
+                         title=f"{sweep.name}: normalized latency vs offered load")
+    report.add(out_dir / "latency_vs_rate")
+    plot_p99_vs_rate(table, out_dir / "p99_vs_rate", targets,
+                     title=f"{sweep.name}: tail latencies vs offered load")
+    report.add(out_dir / "p99_vs_rate")
+
+    frames = {}
+    for policy in sweep.policies:
+        records = sweep.point_dir(policy, rate) / "requests.parquet"
+        if records.is_file():
+            frames[policy] = read_records(records)
+        else:
+            report.lines.append(f"warning: {policy} has no records at {rate:g} req/s; "
+                                f"left out of the timeline")
+    stem = out_dir / f"timeline@{rate!r}"
+    plot_timeline(frames, stem, annotate_stalls=True,
+                  title=f"{sweep.name}: token progress at {rate:g} req/s")
+    report.add(stem)
+    report.lines.append(f"timeline at {rate:g} req/s ({how})")
+    report.lines += _stall_lines(frames, f"at {rate:g} req/s")
+    return report
+
+
+def match_rate(rates: list[float], rate: float) -> float:
+    """The swept rate equal to ``rate`` (up to float noise); ValueError naming the swept ones."""
+    for r in rates:
+        if np.isclose(r, rate, rtol=1e-9, atol=1e-12):
+            return r
+    swept = ", ".join(f"{r:g}" for r in rates)
+    raise ValueError(f"--rate {rate:g}: not a swept rate; the sweep has {swept}")
+
+
+def plot_compare_dirs(paths: list[Path | str], labels: list[str] | None,
+                      out_dir: Path | str) -> PlotReport:
+    """Several sweep directories in one figure (compare_vs_rate: normalized latency and the
+    P99s vs offered rate) and their sustainable rates at the normalized-latency target side by
+    side (compare_sustainable), into ``out_dir``. Labels default to the directory names."""
+    from dualpace_sim.sweep import read_sweep_dir
+
+    sweeps = [read_sweep_dir(p) for p in paths]
+    labels = list(labels) if labels else [s.path.name for s in sweeps]
+    if len(labels) != len(sweeps):
+        raise ValueError(f"--label: {len(labels)} labels for {len(sweeps)} directories; give "
+                         f"one per directory, in the same order")
+    if len(set(labels)) != len(labels):
+        raise ValueError("--label: labels must differ (directory names repeat; give --label)")
+    out_dir = Path(out_dir)
+    targets = sweeps[0].targets
+    report = PlotReport()
+    for label, s in zip(labels, sweeps, strict=True):
+        if s.targets != targets:
+            report.lines.append(f"warning: {label} was swept with other targets; the figures "
+                                f"show those of {labels[0]}")
+    frames = {label: s.table for label, s in zip(labels, sweeps, strict=True)}
+    plot_sweep_comparison(frames, out_dir / "compare_vs_rate", targets,
+                          title="Latency vs offered load: " + ", ".join(labels))
+    report.add(out_dir / "compare_vs_rate")
+    plot_sensitivity(frames, "normalized_latency_s", out_dir / "compare_sustainable",
+                     "Normalized latency and sustainable rate: " + ", ".join(labels),
+                     target=targets["normalized_latency_s"])
+    report.add(out_dir / "compare_sustainable")
+    return report

@@ -7,6 +7,7 @@ file, which field and what is allowed, because users edit these files by hand.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -18,13 +19,12 @@ from .core import SchedulerConfig, check_thresholds
 from .core.neo import NeoConfig
 from .core.vllm import VllmConfig
 from .costs import CostModel, ModelShape, Profile, load_profile, load_spec, synthesize
+from .costs.fit import fit_controls
 from .workload import RequestSpec, WorkloadConfig, build_requests, with_rate
 
 POLICIES = ("dualpace", "vllm", "neo")
 
-# Paper §4.3 values for Llama-3.1-8B on the RTX 4090 box, used when neither the scenario nor the
-# profile's fitted controls give a value.
-PAPER_CONTROLS = {"route_p": 32, "route_f": 16, "gpu_token_limit": 1024, "cpu_batch_limit": 256}
+CONTROLS = ("route_p", "route_f", "gpu_token_limit", "cpu_batch_limit")
 
 
 class ScenarioError(ValueError):
@@ -133,7 +133,7 @@ class Scenario(BaseModel):
 @dataclass
 class ControlChoice:
     value: int
-    source: str  # "scenario", "profile fit" or "paper default"
+    source: str  # "scenario", "profile controls" or "fit of the profile"
 
 
 @dataclass
@@ -228,18 +228,30 @@ def _load_profile(path: Path, spec: Scenario) -> tuple[Profile, str]:
     return profile, f"roofline:{src.hardware}/{src.model}"
 
 
-def _controls(spec: Scenario, profile: Profile) -> dict[str, ControlChoice]:
-    fitted = profile.controls
+@functools.lru_cache(maxsize=16)
+def _fitted(source: str, stamp: float, profile_json: str) -> dict[str, int]:
+    """Fit the controls once per profile and process (sweep workers load many points)."""
+    return fit_controls(Profile.model_validate_json(profile_json)).controls()
+
+
+def _controls(spec: Scenario, profile: Profile, source: str) -> dict[str, ControlChoice]:
+    """Each control from the scenario if given, else the profile's stored fit, else a fit of
+    the profile computed now (paper §4.3: Algorithm 1, plateau and batch-limit fits)."""
+    stored = profile.controls
+    stamp = Path(source).stat().st_mtime if Path(source).is_file() else 0.0
+    computed: dict[str, int] | None = None
     out = {}
-    for name, default in PAPER_CONTROLS.items():
+    for name in CONTROLS:
         given = getattr(spec.scheduler, name)
-        from_profile = getattr(fitted, name, None) if fitted is not None else None
+        from_profile = getattr(stored, name, None) if stored is not None else None
         if given is not None:
             out[name] = ControlChoice(given, "scenario")
         elif from_profile is not None:
-            out[name] = ControlChoice(from_profile, "profile fit")
+            out[name] = ControlChoice(from_profile, "profile controls")
         else:
-            out[name] = ControlChoice(default, "paper default")
+            if computed is None:
+                computed = _fitted(source, stamp, profile.model_dump_json())
+            out[name] = ControlChoice(computed[name], "fit of the profile")
     return out
 
 
@@ -253,7 +265,7 @@ def load_scenario(path: Path | str, rate: float | None = None) -> LoadedScenario
         except ValueError as e:
             raise ScenarioError(f"{path}: workload: {e}") from None
     profile, source = _load_profile(path, spec)
-    controls = _controls(spec, profile)
+    controls = _controls(spec, profile, source)
     s = spec.scheduler
     try:
         check_thresholds(controls["route_p"].value, controls["route_f"].value)

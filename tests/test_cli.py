@@ -25,7 +25,7 @@ def test_run_writes_records_summary_and_timeline(write_scenario, tmp_path):
                 "throughput_tok_s", "completed", "submitted"):
         assert key in s
     assert s["completed"] == s["submitted"] == 120
-    assert s["controls"]["route_p"] == {"value": 32, "source": "paper default"}
+    assert s["controls"]["route_p"] == {"value": 0, "source": "fit of the profile"}
     records = read_records(out / "requests.parquet")
     assert len(records) == 120 and (records["n_tokens"] == records["max_tokens"]).all()
     assert (out / "timeline.png").stat().st_size > 0 and (out / "timeline.pdf").exists()

@@ -6,7 +6,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dualpace_sim.metrics import itl_values, summarize, sustainable_rate, token_timeline
+from dualpace_sim.metrics import (
+    cpu_token_times,
+    itl_values,
+    longest_cpu_stall,
+    longest_cpu_stall_interval,
+    summarize,
+    sustainable_rate,
+    token_timeline,
+)
 from dualpace_sim.records import records_frame
 
 
@@ -111,3 +119,38 @@ def test_sustainable_rate_rejects_bad_sweeps():
         sustainable_rate([2.0, 1.0], [0.1, 0.2], 1.0)
     with pytest.raises(ValueError, match="equally long"):
         sustainable_rate([1.0], [0.1, 0.2], 1.0)
+
+
+def resident(req_id, arrival, max_tokens, times, owners, migrations):
+    r = req(req_id, arrival, max_tokens, times, owners)
+    r.migrations = migrations
+    return r
+
+
+def test_longest_cpu_stall_counts_only_time_with_cpu_resident_requests():
+    """A lands on the CPU at 1.0 and decodes at 2.0 and 6.0 (stall 4.0 while resident); B is
+    resident 10.0-12.0 with a token at 11.0; the idle gap 6.0-10.0 is not a stall."""
+    df = records_frame([
+        resident(0, 0.0, 3, [0.5, 2.0, 6.0], "GCC", [(1.0, "prefill_to_cpu")]),
+        resident(1, 9.0, 3, [9.5, 11.0, 12.5], "GCG", [(10.0, "swap_out"), (12.0, "swap_in")]),
+    ], "x")
+    np.testing.assert_allclose(cpu_token_times(df), [2.0, 6.0, 11.0])
+    assert longest_cpu_stall(df) == pytest.approx(4.0)
+    assert longest_cpu_stall_interval(df) == (2.0, 6.0)
+
+
+def test_a_resident_request_that_never_decodes_on_the_cpu_is_one_long_stall():
+    df = records_frame([
+        resident(0, 0.0, 3, [0.5, 1.0, 9.0], "GGG", [(2.0, "swap_out"), (8.0, "swap_in")]),
+    ], "x")
+    assert longest_cpu_stall(df) == pytest.approx(6.0)
+
+
+def test_longest_cpu_stall_edge_cases():
+    gpu = records_frame([req(0, 0.0, 2, [1.0, 3.0], "GG")], "x")
+    assert math.isnan(longest_cpu_stall(gpu)) and longest_cpu_stall_interval(gpu) is None
+    assert math.isnan(longest_cpu_stall(records_frame([], "x")))
+    two = records_frame([resident(0, 0.0, 2, [1.0, 3.0], "GC", [(2.0, "swap_out")])], "x")
+    assert longest_cpu_stall(two) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="one policy"):
+        longest_cpu_stall(pd.concat([two, two.assign(policy="y")]))

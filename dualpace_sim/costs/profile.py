@@ -198,6 +198,23 @@ class NeoCosts(StrictModel):
     launch_s: NonNegativeFloat = 0.0008
 
 
+class ControlsFit(StrictModel):
+    """The parameters `dualpace-sim profile fit --write` used (paper §4.3, Algorithm 1)."""
+
+    epsilon: NonNegativeFloat
+    lambda_gpu: NonNegativeFloat
+    k: PositiveInt
+    delta: float = Field(ge=0, lt=1)
+    date: str
+    max_iteration_s: PositiveFloat | None = None
+    iteration_context: PositiveInt | None = None
+
+    @field_validator("date", mode="before")
+    @classmethod
+    def _date_to_str(cls, value: Any) -> Any:
+        return value.isoformat() if isinstance(value, dt.date) else value
+
+
 class Controls(StrictModel):
     """Profile-guided controls (paper §4.3); filled by the fits, optional here."""
 
@@ -205,6 +222,7 @@ class Controls(StrictModel):
     route_f: NonNegativeInt | None = None
     gpu_token_limit: PositiveInt | None = None
     cpu_batch_limit: PositiveInt | None = None
+    fit: ControlsFit | None = None
 
     @model_validator(mode="after")
     def _legal_thresholds(self) -> Controls:
@@ -285,3 +303,84 @@ def read_file_data(path: str | Path) -> Any:
 
 def load_profile(path: str | Path) -> Profile:
     return validate_file_data(Profile, read_file_data(path), str(path))
+
+
+# --- plausibility of magnitudes ----------------------------------------------------------------
+# A profile that validates can still be in the wrong unit (milliseconds where seconds are expected
+# make every GPU layer 1000x slower). No real layer-level primitive takes 10 s at any profiled
+# shape, or 0.1 s at the smallest one; no whole-model stage takes 100 s, or 1 s at its smallest.
+_PER_LAYER_TABLES = (
+    "gpu.pre_attn", "gpu.post_attn", "gpu.prefill_attn", "gpu.decode_attn",
+    "cpu.pre_attn", "cpu.decode_attn", "cpu.post_attn", "cpu.assist_write", "cpu.assist_read",
+    "cpu.hidden_write", "assist.g_p", "assist.g_lA", "assist.g_lS",
+)
+_WHOLE_MODEL_TABLES = ("gpu.pre_layer", "gpu.post_layer", "cpu.pre_layer", "cpu.post_layer")
+_CONSTANTS = (
+    "gpu.iteration_overhead_s", "cpu.iteration_overhead_s", "assist.q.p", "assist.q.lA",
+    "assist.q.lS", "assist.o.p", "assist.o.lA", "assist.o.lS", "assist.poll_s", "link.latency_s",
+    "neo.launch_s",
+)
+PER_LAYER_MAX_S, PER_LAYER_FIRST_MAX_S = 10.0, 0.1
+WHOLE_MODEL_MAX_S, WHOLE_MODEL_FIRST_MAX_S = 100.0, 1.0
+CONSTANT_MAX_S = 1.0
+MIN_LINK_BYTES_PER_S = 1e6
+
+
+def _get(profile: Profile, dotted: str) -> Any:
+    obj: Any = profile
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def magnitude_problems(profile: Profile) -> list[str]:
+    """``field: message`` for every value whose magnitude says it is not in seconds (bytes/s)."""
+    problems = []
+
+    def check_table(name: str, limit: float, first_limit: float, what: str) -> None:
+        table = _get(profile, name)
+        if isinstance(table, Table1D):
+            field, values = f"{name}.y", list(zip(table.x, table.y, strict=True))
+            first, first_at = table.y[0], f"x={table.x[0]:g}"
+            where = {v: f"x={x:g}" for x, v in values}
+            peak = max(table.y)
+        else:
+            field = f"{name}.z"
+            first, first_at = table.z[0][0], f"(x={table.x[0]:g}, y={table.y[0]:g})"
+            peak, where = -1.0, {}
+            for i, row in enumerate(table.z):
+                for j, v in enumerate(row):
+                    if v > peak:
+                        peak, where = v, {v: f"(x={table.x[i]:g}, y={table.y[j]:g})"}
+        if peak > limit:
+            problems.append(
+                f"{field}: {peak:g} at {where[peak]} is implausible for {what} (over {limit:g} s); "
+                "expected seconds (is it in milliseconds?)")
+        elif first > first_limit:
+            problems.append(
+                f"{field}: {first:g} at the smallest shape {first_at} is implausible for {what} "
+                f"(over {first_limit:g} s); expected seconds (is it in milliseconds?)")
+
+    for name in _PER_LAYER_TABLES:
+        check_table(name, PER_LAYER_MAX_S, PER_LAYER_FIRST_MAX_S, "one layer")
+    for name in _WHOLE_MODEL_TABLES:
+        check_table(name, WHOLE_MODEL_MAX_S, WHOLE_MODEL_FIRST_MAX_S, "a whole-model stage")
+    for name in _CONSTANTS:
+        value = _get(profile, name)
+        if value > CONSTANT_MAX_S:
+            problems.append(f"{name}: {value:g} is implausible (over {CONSTANT_MAX_S:g} s); "
+                            "expected seconds (is it in milliseconds?)")
+    for name in ("link.h2d_bytes_per_s", "link.d2h_bytes_per_s"):
+        value = _get(profile, name)
+        if value < MIN_LINK_BYTES_PER_S:
+            problems.append(f"{name}: {value:g} is implausibly slow; expected bytes per second "
+                            "(is it in GB/s?)")
+    return problems
+
+
+def check_magnitudes(profile: Profile, source: str) -> None:
+    """Raise a one-line ProfileError naming file and field when a value is in the wrong unit."""
+    problems = magnitude_problems(profile)
+    if problems:
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ProfileError(f"{source}: {problems[0]}{more}")
