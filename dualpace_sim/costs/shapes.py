@@ -31,6 +31,14 @@ class ModelShape:
     qk_norm: bool = False
     dtype_bytes: int = 2
     tie_word_embeddings: bool = False
+    # Numerics the real model needs and costs do not: RMSNorm epsilon and RoPE. A
+    # rope_scaling_factor of None means plain RoPE; otherwise Llama-3.1's frequency scaling.
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling_factor: float | None = None
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position: int = 8192
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -148,18 +156,41 @@ class ModelShape:
             qk_norm=model_type.startswith("qwen3"),
             dtype_bytes=_DTYPE_BYTES.get(dtype, 2),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            **_rope_scaling(cfg.get("rope_scaling")),
         )
+
+
+def _rope_scaling(scaling: dict[str, Any] | None) -> dict[str, Any]:
+    """Llama-3.1's `rope_type: llama3` scaling; other kinds are refused, not ignored."""
+    if not scaling:
+        return {}
+    kind = scaling.get("rope_type") or scaling.get("type")
+    if kind != "llama3":
+        raise ValueError(f"rope_scaling type {kind!r} is not supported (only 'llama3')")
+    return {
+        "rope_scaling_factor": float(scaling["factor"]),
+        "rope_low_freq_factor": float(scaling.get("low_freq_factor", 1.0)),
+        "rope_high_freq_factor": float(scaling.get("high_freq_factor", 4.0)),
+        "rope_original_max_position": int(scaling.get("original_max_position_embeddings", 8192)),
+    }
 
 
 def _builtin() -> dict[str, ModelShape]:
     # Values from the models' Hugging Face config.json files.
     shapes = [
-        ModelShape("llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256),
-        ModelShape("qwen3-14b", 40, 5120, 40, 8, 128, 17408, 151936, qk_norm=True),
-        ModelShape("qwen3-32b", 64, 5120, 64, 8, 128, 25600, 151936, qk_norm=True),
+        ModelShape("llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256, rope_theta=500000.0,
+                   rope_scaling_factor=8.0),
+        ModelShape("qwen3-14b", 40, 5120, 40, 8, 128, 17408, 151936, qk_norm=True,
+                   rms_norm_eps=1e-6, rope_theta=1000000.0),
+        ModelShape("qwen3-32b", 64, 5120, 64, 8, 128, 25600, 151936, qk_norm=True,
+                   rms_norm_eps=1e-6, rope_theta=1000000.0),
         # Tiny models for tests: same architecture, sizes small enough to run anywhere.
-        ModelShape("tiny-llama", 2, 64, 4, 2, 16, 128, 256),
-        ModelShape("tiny-qwen3", 2, 64, 4, 2, 32, 128, 256, qk_norm=True, tie_word_embeddings=True),
+        ModelShape("tiny-llama", 2, 64, 4, 2, 16, 128, 256, rope_theta=500000.0,
+                   rope_scaling_factor=8.0, rope_original_max_position=64),
+        ModelShape("tiny-qwen3", 2, 64, 4, 2, 32, 128, 256, qk_norm=True, tie_word_embeddings=True,
+                   rms_norm_eps=1e-6, rope_theta=1000000.0),
     ]
     return {s.name: s for s in shapes}
 

@@ -52,6 +52,8 @@ def test_hf_config_from_file_and_directory(tmp_path):
         "vocab_size": 151936,
         "torch_dtype": "bfloat16",
         "tie_word_embeddings": False,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000,
     }
     model_dir = tmp_path / "Qwen3-14B"
     model_dir.mkdir()
@@ -90,3 +92,16 @@ def test_hf_config_nested_text_config():
     }
     s = ModelShape.from_hf_config({"model_type": "vl", "text_config": inner}, name="vl")
     assert s.qk_norm and s.n_layers == 2
+
+
+def test_hf_config_reads_llama3_rope_scaling_and_refuses_other_kinds():
+    cfg = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+           "vocab_size": 128256, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+           "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+    shape = ModelShape.from_hf_config(cfg, name="llama-3.1-8b")
+    assert shape == ModelShape.from_name("llama-3.1-8b")
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    with pytest.raises(ValueError, match="yarn"):
+        ModelShape.from_hf_config(cfg)
