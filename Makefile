@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 OUT ?= results/quickstart
+# The hw extra's torch: a CPU build is enough for the tests (CI has no GPU). On a GPU box,
+# install the CUDA build you want first; `pip install -e ".[hw]"` then keeps it.
+TORCH ?= torch==2.13.0
 
 .PHONY: demo test lint bench clean
 
@@ -12,10 +15,15 @@ $(BIN)/dualpace-sim: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $@
 
+$(VENV)/.hw: $(BIN)/dualpace-sim
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[dev,hw]"
+	touch $@
+
 demo: $(BIN)/dualpace-sim
 	$(BIN)/dualpace-sim run scenarios/quickstart.yaml --out $(OUT)
 
-test: $(BIN)/dualpace-sim
+test: $(VENV)/.hw
 	$(BIN)/ruff check dualpace_sim dualpace_hw tests benchmarks
 	$(BIN)/python -m pytest
 

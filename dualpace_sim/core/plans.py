@@ -70,6 +70,7 @@ class GpuPlan:
 @dataclass(slots=True)
 class GpuResult:
     end_s: float  # when the batch's sampled tokens reach the client
+    tokens: dict[int, int] = field(default_factory=dict)  # req_id -> sampled token id (real runs)
 
 
 @dataclass(slots=True)
@@ -91,3 +92,4 @@ class CpuPlan:
 @dataclass(slots=True)
 class CpuResult:
     end_s: float  # when the batch's sampled tokens reach the client
+    tokens: dict[int, int] = field(default_factory=dict)  # req_id -> sampled token id (real runs)
