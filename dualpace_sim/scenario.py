@@ -20,6 +20,7 @@ from .core.neo import NeoConfig
 from .core.vllm import VllmConfig
 from .costs import CostModel, ModelShape, Profile, load_profile, load_spec, synthesize
 from .costs.fit import fit_controls
+from .costs.profile import check_magnitudes
 from .workload import RequestSpec, WorkloadConfig, build_requests, with_rate
 
 POLICIES = ("dualpace", "vllm", "neo")
@@ -211,9 +212,11 @@ def _load_profile(path: Path, spec: Scenario) -> tuple[Profile, str]:
             raise ScenarioError(f"{path}: profile: file {ppath} does not exist; give a path "
                                 "relative to the scenario file")
         try:
-            return load_profile(ppath), str(ppath)
+            profile = load_profile(ppath)
+            check_magnitudes(profile, str(ppath))
         except ValueError as e:
             raise ScenarioError(f"{path}: profile: {e}") from None
+        return profile, str(ppath)
     src = spec.roofline
     try:
         hw = src.hardware

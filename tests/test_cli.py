@@ -6,10 +6,13 @@ import json
 import re
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from dualpace_sim.cli import app
 from dualpace_sim.records import read_records
+
+from .conftest import RTX4090_LLAMA
 
 runner = CliRunner()
 
@@ -39,12 +42,18 @@ BAD = [
     ({"workload": {"source": "azure", "path": "missing.csv", "trace": None}}, "missing.csv"),
     ({"scheduler": {"route_p": 2, "route_f": 5}}, "scheduler: illegal routing thresholds"),
     ({"policies": ["dualpace", "magic"]}, "policies.1:"),
+    ({"profile": "MS_PROFILE"}, "profile: .*expected seconds"),
 ]
 
 
 @pytest.mark.parametrize("fields, expected", BAD, ids=[e for _, e in BAD])
 def test_bad_scenarios_get_one_clear_line_and_exit_2(write_scenario, tmp_path, fields,
                                                       expected):
+    if fields.get("profile") == "MS_PROFILE":  # a profile written in milliseconds
+        doc = yaml.safe_load(RTX4090_LLAMA.read_text())
+        doc["gpu"]["post_attn"]["y"] = [v * 1000 for v in doc["gpu"]["post_attn"]["y"]]
+        (tmp_path / "ms.yaml").write_text(yaml.safe_dump(doc))
+        fields = {"profile": str(tmp_path / "ms.yaml")}
     path = write_scenario(**fields)
     result = runner.invoke(app, ["run", str(path), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2
