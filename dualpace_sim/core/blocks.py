@@ -6,6 +6,10 @@ real runtime addresses its paged KV tensors with, so there is no translation tab
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from .request import Request
+
 
 class BlockPool:
     """A fixed number of equally sized KV blocks with a LIFO free list (reuse keeps caches warm)."""
@@ -38,3 +42,19 @@ class BlockPool:
     def release(self, blocks: list[int]) -> None:
         self._free.extend(blocks)
         assert len(self._free) <= self.capacity, f"{self.name} pool: double free"
+
+
+def retire_finished(
+    queue: Iterable[Request], pool: BlockPool, finished: list[Request]
+) -> list[Request]:
+    """Move the finished requests of `queue` to `finished`, releasing their blocks to `pool`;
+    return the others in their order."""
+    keep = []
+    for r in queue:
+        if r.finished:
+            pool.release(r.blocks)
+            r.blocks = []
+            finished.append(r)
+        else:
+            keep.append(r)
+    return keep

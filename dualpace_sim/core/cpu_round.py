@@ -6,6 +6,7 @@ GPU last published and never bypasses an unready head of its waiting queue.
 
 from __future__ import annotations
 
+from .blocks import retire_finished
 from .plans import CpuPlan, CpuResult
 from .request import Owner, Request
 from .routing import route_for
@@ -90,17 +91,9 @@ class CpuScheduler:
             if len(r.token_times) >= r.max_tokens:
                 done = True
         if done:
-            keep = []
-            for r in st.cpu_running:
-                if r.finished:
-                    st.host.release(r.blocks)
-                    r.blocks = []
-                    st.finished.append(r)
-                    if r.marked:
-                        r.marked = False
-                        st.marked.remove(r)
-                else:
-                    keep.append(r)
-            st.cpu_running = keep
-            st.cpu_growth = sum(r.peak_blocks - len(r.blocks) for r in keep)
-
+            st.cpu_running = retire_finished(st.cpu_running, st.host, st.finished)
+            st.cpu_growth = sum(r.peak_blocks - len(r.blocks) for r in st.cpu_running)
+            for r in st.marked:
+                if r.finished:  # a marked request that finished on the CPU needs no swap-in
+                    r.marked = False
+            st.marked = [r for r in st.marked if r.marked]

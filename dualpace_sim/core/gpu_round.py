@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import chain
 
+from .blocks import retire_finished
 from .envelope import envelope_fits, extend_reserve, migration_reserve
 from .plans import GpuPlan, GpuResult, PrefillChunk
 from .request import Owner, Request, blocks_for
@@ -354,12 +355,4 @@ class GpuScheduler:
             else:
                 st.gpu_running.append(r)
         if done:
-            keep = []
-            for r in st.gpu_running:
-                if r.finished:
-                    st.hbm.release(r.blocks)
-                    r.blocks = []
-                    st.finished.append(r)
-                else:
-                    keep.append(r)
-            st.gpu_running = keep
+            st.gpu_running = retire_finished(st.gpu_running, st.hbm, st.finished)

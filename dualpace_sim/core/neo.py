@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .blocks import BlockPool
+from .blocks import BlockPool, retire_finished
 from .request import Owner, Request, blocks_for
 
 
@@ -335,19 +335,8 @@ class NeoScheduler:
                 r.emit(end_s, Owner.CPU)
                 done |= r.finished
         if done:
-            self.gpu_q = self._drop_finished(self.gpu_q, self.hbm)
-            self.cpu_q = deque(self._drop_finished(self.cpu_q, self.host))
-
-    def _drop_finished(self, queue, pool: BlockPool) -> list[Request]:
-        keep = []
-        for r in queue:
-            if r.finished:
-                pool.release(r.blocks)
-                r.blocks = []
-                self.finished.append(r)
-            else:
-                keep.append(r)
-        return keep
+            self.gpu_q = retire_finished(self.gpu_q, self.hbm, self.finished)
+            self.cpu_q = deque(retire_finished(self.cpu_q, self.host, self.finished))
 
     def check_invariants(self) -> None:
         queues = (self.waiting, self.gpu_q, self.cpu_q, self.finished)

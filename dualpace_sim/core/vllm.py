@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .blocks import BlockPool
+from .blocks import BlockPool, retire_finished
 from .plans import GpuPlan, GpuResult, PrefillChunk
 from .request import Owner, Request, blocks_for
 
@@ -127,15 +127,7 @@ class VllmScheduler:
                 c.req.emit(t, Owner.GPU)
                 done |= c.req.finished
         if done:
-            keep = []
-            for r in self.running:
-                if r.finished:
-                    self.hbm.release(r.blocks)
-                    r.blocks = []
-                    self.finished.append(r)
-                else:
-                    keep.append(r)
-            self.running = keep
+            self.running = retire_finished(self.running, self.hbm, self.finished)
 
     def check_invariants(self) -> None:
         seen = [r.req_id for q in (self.waiting, self.running, self.finished) for r in q]
