@@ -1,14 +1,81 @@
-"""`dualpace-hw`: the real runtime and profiler; not built yet in this release."""
+"""`dualpace-hw`: measure a box (profile); the real runtime arrives with `run`."""
 
 from __future__ import annotations
 
+import shlex
 import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="The real DualPace runtime and profiler (the hw extra).")
+
+
+@app.callback()
+def _commands() -> None:
+    """Commands: profile (run arrives with the runtime)."""
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def profile(
+    model: Annotated[str, typer.Option(help="built-in model name or a HF config.json path")],
+    out: Annotated[Path, typer.Option(help="where to write, e.g. calibration/<box>/<model>.yaml")],
+    box: Annotated[str, typer.Option(help="box name recorded in the profile")] = "this-box",
+    quick: Annotated[bool, typer.Option(help="tiny grids and few repeats (tests)")] = False,
+    cpu_cores: Annotated[int | None, typer.Option(help="CPU threads (and cores) to use")] = None,
+    gpu_kv_gib: Annotated[float | None, typer.Option(help="GPU KV budget")] = None,
+    host_kv_gib: Annotated[float | None, typer.Option(help="host KV budget")] = None,
+    gpu_device: Annotated[str, typer.Option(help="'cuda', or 'cpu' for tests")] = "cuda",
+    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+) -> None:
+    """Measure every table of a calibration profile with the runtime's executors, write it with
+    provenance, then fit its controls and plot them. Interrupted runs resume."""
+    from dualpace_sim.costs.shapes import ModelShape
+
+    from .profiler.run import Options, ProfileRunError, run_profile
+
+    try:
+        shape = (ModelShape.from_hf_config(model) if model.endswith(".json") or Path(model).is_dir()
+                 else ModelShape.from_name(model))
+    except (ValueError, OSError, KeyError) as e:
+        _fail(f"--model {model}: {e}")
+    opt = Options(shape=shape, out=out, box_name=box, quick=quick, gpu_device=gpu_device,
+                  cpu_cores=cpu_cores, gpu_kv_gib=gpu_kv_gib, host_kv_gib=host_kv_gib,
+                  command=_command_line(locals()), progress=not quiet)
+    try:
+        result = run_profile(opt)
+    except ProfileRunError as e:
+        _fail(str(e))
+    c = result.controls
+    typer.echo(f"wrote {out}")
+    for name in ("route_p", "route_f", "gpu_token_limit", "cpu_batch_limit"):
+        typer.echo(f"{name}={getattr(c, name)}")
+
+
+def _command_line(params: dict) -> str:
+    """The profile command as a user would retype it, for the profile's provenance."""
+    words = ["dualpace-hw", "profile"]
+    for name in ("model", "out", "box", "cpu_cores", "gpu_kv_gib", "host_kv_gib", "gpu_device"):
+        if params[name] is not None:
+            words += [f"--{name.replace('_', '-')}", str(params[name])]
+    return shlex.join(words + (["--quick"] if params["quick"] else []))
 
 
 def main() -> None:
-    sys.stderr.write(
-        "dualpace-hw: the real runtime and the profiler arrive with the hw extra "
-        "(pip install -e \".[hw]\") in a later release; this build has the simulator only "
-        "(dualpace-sim).\n"
-    )
-    sys.exit(2)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        sys.stderr.write("dualpace-hw needs the hw extra: pip install -e \".[hw]\"\n")
+        sys.exit(2)
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted; rerun the same command to resume the profile\n")
+        sys.exit(130)

@@ -1,0 +1,232 @@
+"""One measurement per profile table, with the runtime's own model stages and kernels.
+
+Only one decoder layer plus the pre-layer and post-layer is built: per-layer tables need no
+whole model (a 64 GB Qwen3-32B is profiled from 0.8 GB of weights). Inputs are random; times do
+not depend on values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dualpace_sim.costs.shapes import ModelShape
+
+from ..attention import paged_decode_attention as torch_decode
+from ..attention import prefill_attention
+from ..kv import PagedKVPool
+from ..model import Model, ModelWeights, greedy
+from .grids import Grids
+from .timing import Timer
+
+
+def _gpu_decode_kernel(device: torch.device):
+    if device.type == "cuda":
+        from .. import triton_decode
+
+        if triton_decode.available():
+            return triton_decode.paged_decode_attention
+    return torch_decode
+
+
+def _cpu_decode_kernel():
+    from ..cpu_attention import cpu_paged_decode_attention
+
+    return cpu_paged_decode_attention
+
+
+def _pack(model: Model) -> tuple[Model, str]:
+    """The CPU executor's prepacked (oneDNN/AMX) projections when available."""
+    try:
+        from ..packed import pack_model
+    except ImportError:
+        return model, "torch.nn.functional.linear"
+    return pack_model(model), "prepacked oneDNN bf16"
+
+
+class Measurer:
+    """Holds the one-layer models, pools and timers of one profiling run."""
+
+    def __init__(self, shape: ModelShape, gpu_device: torch.device, gpu_timer: Timer,
+                 cpu_timer: Timer, grids: Grids, block_size: int, seed: int = 0) -> None:
+        self.shape, self.grids, self.bs = shape, grids, block_size
+        self.gpu_device = gpu_device
+        self.gpu_t, self.cpu_t = gpu_timer, cpu_timer
+        self.gpu = Model(shape, ModelWeights.random(shape, seed, gpu_device, n_layers=1))
+        self.cpu, self.cpu_linear = _pack(Model(shape, ModelWeights.random(shape, seed, "cpu",
+                                                                           n_layers=1)))
+        self.gpu_decode = _gpu_decode_kernel(gpu_device)
+        self.cpu_decode = _cpu_decode_kernel()
+        cap = max(min(t, b * grids.max_request_context)
+                  for b in grids.decode_batches for t in grids.decode_totals)
+        cap = max(cap, max(grids.prefill_contexts + grids.prefill_chunks))
+        n_blocks = -(-cap // block_size) + max(grids.decode_batches)
+        self.gpu_pool = PagedKVPool(shape, n_blocks, block_size, gpu_device, n_layers=1)
+        self.cpu_pool = PagedKVPool(shape, n_blocks, block_size, "cpu", n_layers=1)
+        self._assist = None
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def _hidden(self, n: int, device) -> torch.Tensor:
+        return torch.randn(n, self.shape.hidden_size, dtype=torch.bfloat16, device=device)
+
+    def _attn(self, n: int, device) -> torch.Tensor:
+        return torch.randn(n, self.shape.q_dim, dtype=torch.bfloat16, device=device)
+
+    # --- GPU-main ---------------------------------------------------------------------------
+
+    def gpu_pre_attn(self, n: int) -> float:
+        h, pos = self._hidden(n, self.gpu_device), torch.arange(n, device=self.gpu_device)
+        return self.gpu_t(lambda: self.gpu.pre_attn(0, h, pos))
+
+    def gpu_post_attn(self, n: int) -> float:
+        a, r = self._attn(n, self.gpu_device), self._hidden(n, self.gpu_device)
+        return self.gpu_t(lambda: self.gpu.post_attn(0, a, r))
+
+    def gpu_pre_layer(self, n: int) -> float:
+        ids = torch.randint(0, self.shape.vocab_size, (n,), device=self.gpu_device)
+        return self.gpu_t(lambda: self.gpu.pre_layer(ids))
+
+    def gpu_post_layer(self, n: int) -> float:
+        h = self._hidden(n, self.gpu_device)
+        return self.gpu_t(lambda: greedy(self.gpu.post_layer(h)))
+
+    def gpu_prefill_attn(self, chunk: int, context: int) -> float:
+        context = max(context, chunk)
+        s, dev = self.shape, self.gpu_device
+        q = torch.randn(chunk, s.n_heads, s.head_dim, dtype=torch.bfloat16, device=dev)
+        table = torch.arange(-(-context // self.bs), device=dev)
+        kc, vc = self.gpu_pool.layer(0)
+        return self.gpu_t(lambda: prefill_attention(q, kc, vc, table, context - chunk))
+
+    def _decode(self, kernel, timer: Timer, pool: PagedKVPool, device, batch: int,
+                total: int) -> float:
+        """Paged decode attention of `batch` requests over `total` context tokens, each with
+        its own blocks; beyond the per-request cap, time scales with the context."""
+        s = self.shape
+        per = max(1, total // batch)
+        measured = min(per, self.grids.max_request_context)
+        nb = -(-measured // self.bs)
+        tables = torch.arange(batch * nb, dtype=torch.int32, device=device).view(batch, nb)
+        lens = torch.full((batch,), measured, dtype=torch.int32, device=device)
+        q = torch.randn(batch, s.n_heads, s.head_dim, dtype=torch.bfloat16, device=device)
+        kc, vc = pool.layer(0)
+        seconds = timer(lambda: kernel(q, kc, vc, tables, lens))
+        return seconds * per / measured
+
+    def gpu_decode_attn(self, batch: int, total: int) -> float:
+        return self._decode(self.gpu_decode, self.gpu_t, self.gpu_pool, self.gpu_device, batch,
+                            total)
+
+    # --- CPU decode engine ------------------------------------------------------------------
+
+    def cpu_pre_layer(self, b: int) -> float:
+        ids = torch.randint(0, self.shape.vocab_size, (b,))
+        return self.cpu_t(lambda: self.cpu.pre_layer(ids))
+
+    def cpu_pre_attn(self, b: int) -> float:
+        h, pos = self._hidden(b, "cpu"), torch.arange(b)
+        return self.cpu_t(lambda: self.cpu.pre_attn(0, h, pos))
+
+    def cpu_post_attn(self, b: int) -> float:
+        a, r = self._attn(b, "cpu"), self._hidden(b, "cpu")
+        return self.cpu_t(lambda: self.cpu.post_attn(0, a, r))
+
+    def cpu_post_layer(self, b: int) -> float:
+        h = self._hidden(b, "cpu")
+        return self.cpu_t(lambda: greedy(self.cpu.post_layer(h)))
+
+    def cpu_decode_attn(self, batch: int, total: int) -> float:
+        return self._decode(self.cpu_decode, self.cpu_t, self.cpu_pool, "cpu", batch, total)
+
+    def _buffer_copy(self, rows: int, width: int) -> float:
+        """A copy into (or out of) a pinned Assist Buffer, as the CPU worker does."""
+        pin = self.gpu_device.type == "cuda"
+        buf = torch.empty(rows, width, dtype=torch.bfloat16, pin_memory=pin)
+        src = torch.randn(rows, width, dtype=torch.bfloat16)
+        return self.cpu_t(lambda: buf.copy_(src))
+
+    def assist_write(self, b: int) -> float:  # a_w: residual and attention output
+        return self._buffer_copy(b, self.shape.hidden_size + self.shape.q_dim)
+
+    def assist_read(self, b: int) -> float:  # a_r: the GPU-produced hidden state
+        return self._buffer_copy(b, self.shape.hidden_size)
+
+    def hidden_write(self, b: int) -> float:  # h_w: the CPU-produced final hidden state
+        return self._buffer_copy(b, self.shape.hidden_size)
+
+    # --- Dense Assist on the GPU worker -------------------------------------------------------
+
+    def _assist_executor(self):
+        if self._assist is None:
+            from ..gpu_executor import GpuExecutor
+            from ..tokens import TokenStore
+
+            self._assist = GpuExecutor(self.gpu, self.gpu_pool, TokenStore())
+        return self._assist
+
+    def assist(self, kind: str, b: int) -> tuple[float, float]:
+        """(g_x(b), CPU-visible wall time of the same call): the complete CUDA path of one
+        assist, activations in and results out, and what the caller waited for it."""
+        ex = self._assist_executor()
+        a, r = self._attn(b, "cpu"), self._hidden(b, "cpu")
+        call = {
+            "p": lambda: ex.assist_post_attn(0, a, r),
+            "lA": lambda: ex.assist_fused_final(0, a, r),
+            "lS": lambda: ex.assist_post_layer(r),
+        }[kind]
+        return self.gpu_t(call), self.cpu_t.wall(call)
+
+    def poll_s(self) -> float:
+        """One stage-boundary check: an event query plus a shared flag read."""
+        flag = torch.zeros(1, dtype=torch.int32)
+        if self.gpu_device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+            return self.cpu_t(lambda: (event.query(), int(flag[0])))
+        return self.cpu_t(lambda: int(flag[0]))
+
+    # --- link ---------------------------------------------------------------------------------
+
+    def link(self) -> dict[str, float]:
+        """Pinned H2D / D2H bandwidth (256 MiB copies) and latency (a 4 KiB copy)."""
+        if self.gpu_device.type != "cuda":
+            # GPU path on the CPU (tests): a host memcpy stands for the link.
+            big = torch.empty(64 << 20, dtype=torch.uint8)
+            dst = torch.empty_like(big)
+            t = self.cpu_t(lambda: dst.copy_(big))
+            small = torch.empty(4096, dtype=torch.uint8)
+            lat = self.cpu_t(lambda: small.clone())
+            bw = big.numel() / max(t, 1e-9)
+            return {"h2d_bytes_per_s": bw, "d2h_bytes_per_s": bw, "latency_s": lat}
+        n = 256 << 20
+        host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        dev = torch.empty(n, dtype=torch.uint8, device=self.gpu_device)
+        h2d = self.gpu_t(lambda: dev.copy_(host, non_blocking=True))
+        d2h = self.gpu_t(lambda: host.copy_(dev, non_blocking=True))
+        hs = torch.empty(4096, dtype=torch.uint8, pin_memory=True)
+        ds = torch.empty(4096, dtype=torch.uint8, device=self.gpu_device)
+        lat = self.gpu_t.wall(lambda: ds.copy_(hs, non_blocking=True))
+        return {"h2d_bytes_per_s": n / h2d, "d2h_bytes_per_s": n / d2h, "latency_s": lat}
+
+    def iteration_overhead(self) -> float:
+        """Host-side work of one round: the GPU executor turning a 64-request decode plan
+        into device tensors (the scheduler's own time is not in the profile)."""
+        from dualpace_sim.core import GpuPlan, Request
+
+        from ..gpu_executor import GpuExecutor
+        from ..tokens import TokenStore
+
+        tokens, plan = TokenStore(), GpuPlan()
+        per = -(-256 // self.bs)
+        for i in range(64):
+            r = Request.create(i, 0.0, 255, 16, self.bs)
+            r.blocks = list(range(i * per, (i + 1) * per))
+            r.token_times.append(0.0)
+            tokens.add(i, [1] * 256)
+            plan.decodes.append(r)
+        ex = GpuExecutor(self.gpu, self.gpu_pool, tokens)
+        return self.cpu_t.wall(lambda: ex.prepare(plan))
+
+    def neo_launch_s(self) -> float:
+        """NEO's lnch_T: the fixed cost of one CPU attention call (a one-token batch)."""
+        return self.cpu_decode_attn(1, 1)

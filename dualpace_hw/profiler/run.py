@@ -1,0 +1,228 @@
+"""Run a whole profile: every table, with progress, a resumable checkpoint, provenance, the
+profile-guided fits and their plots."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from dualpace_sim.costs.fit import fit_controls, with_controls
+from dualpace_sim.costs.profile import Profile
+from dualpace_sim.costs.shapes import ModelShape
+
+from . import box
+from .grids import Grids
+from .measure import Measurer
+from .timing import Protocol, Timer
+
+GIB = 2**30
+HOST_RESERVE_GIB = 16.0  # OS and runtime, kept out of the host KV pool
+GPU_RESERVE_GIB = 2.0  # CUDA context, workspaces, activations
+
+
+class ProfileRunError(RuntimeError):
+    """The box lacks something the profile needs; the message says what and what to do."""
+
+
+@dataclass
+class Options:
+    shape: ModelShape
+    out: Path
+    box_name: str
+    quick: bool = False
+    gpu_device: str = "cuda"
+    cpu_cores: int | None = None
+    gpu_kv_gib: float | None = None
+    host_kv_gib: float | None = None
+    block_size: int = 16
+    seed: int = 0
+    command: str = ""
+    progress: bool = True
+
+
+def _device(name: str) -> torch.device:
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ProfileRunError("no CUDA device: the GPU tables need one. Profile on a GPU box, or "
+                              "pass --gpu-device cpu to run the GPU path on the CPU (for tests)")
+    return device
+
+
+def _threads(cores: int | None) -> int:
+    available = box.usable_cores()
+    n = available if cores is None else cores
+    if n > available:
+        raise ProfileRunError(f"--cpu-cores {n}: only {available} cores are usable here")
+    if hasattr(os, "sched_setaffinity") and cores is not None:
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:n])
+    torch.set_num_threads(n)
+    return n
+
+
+class Checkpoint:
+    """Measured points, saved after each one so an interrupted profile resumes."""
+
+    def __init__(self, path: Path, meta: dict) -> None:
+        self.path = path
+        self.points: dict[str, float] = {}
+        if path.exists():
+            saved = json.loads(path.read_text())
+            if saved.get("meta") != meta:
+                raise ProfileRunError(f"{path}: a partial profile of another configuration; "
+                                      "delete it or choose another --out")
+            self.points = saved["points"]
+        self.meta = meta
+
+    def get(self, key: str, measure: Callable[[], float]) -> float:
+        if key not in self.points:
+            self.points[key] = measure()
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"meta": self.meta, "points": self.points}))
+            tmp.replace(self.path)
+        return self.points[key]
+
+
+def _tables(m: Measurer, g: Grids) -> list[tuple[str, list[int], list[int] | None, Callable]]:
+    """(name, x grid, y grid or None, measure) for every measured table."""
+    one = [
+        ("gpu.pre_attn", g.gpu_tokens, m.gpu_pre_attn),
+        ("gpu.post_attn", g.gpu_tokens, m.gpu_post_attn),
+        ("gpu.pre_layer", g.gpu_tokens, m.gpu_pre_layer),
+        ("gpu.post_layer", g.gpu_rows, m.gpu_post_layer),
+        ("cpu.pre_layer", g.cpu_batches, m.cpu_pre_layer),
+        ("cpu.pre_attn", g.cpu_batches, m.cpu_pre_attn),
+        ("cpu.post_attn", g.cpu_batches, m.cpu_post_attn),
+        ("cpu.post_layer", g.cpu_batches, m.cpu_post_layer),
+        ("cpu.assist_write", g.cpu_batches, m.assist_write),
+        ("cpu.assist_read", g.cpu_batches, m.assist_read),
+        ("cpu.hidden_write", g.cpu_batches, m.hidden_write),
+    ]
+    two = [
+        ("gpu.prefill_attn", g.prefill_chunks, g.prefill_contexts, m.gpu_prefill_attn),
+        ("gpu.decode_attn", g.decode_batches, g.decode_totals, m.gpu_decode_attn),
+        ("cpu.decode_attn", g.decode_batches, g.decode_totals, m.cpu_decode_attn),
+    ]
+    return [(n, x, None, f) for n, x, f in one] + two
+
+
+def run_profile(opt: Options) -> Profile:
+    gpu_device = _device(opt.gpu_device)
+    threads = _threads(opt.cpu_cores)
+    if not box.has_amx():
+        print("note: this CPU has no AMX; profiling its AVX-512 path (the profile says amx: "
+              "false)")
+    protocol = Protocol.quick() if opt.quick else Protocol()
+    grids = Grids.quick() if opt.quick else Grids.full()
+    m = Measurer(opt.shape, gpu_device, Timer(gpu_device, protocol),
+                 Timer(torch.device("cpu"), protocol), grids, opt.block_size, opt.seed)
+    meta = {"model": opt.shape.name, "quick": opt.quick, "device": str(gpu_device),
+            "threads": threads, "block_size": opt.block_size, "grids": asdict(grids)}
+    opt.out.parent.mkdir(parents=True, exist_ok=True)
+    ckpt = Checkpoint(opt.out.with_suffix(".partial.json"), meta)
+    tables = _tables(m, grids)
+    n_points = sum(len(x) * (len(y) if y else 1) for _, x, y, _ in tables)
+    n_points += 6 * len(grids.cpu_batches) + 6
+    values: dict[str, dict] = {}
+    with tqdm(total=n_points, disable=not opt.progress, unit="pt") as bar:
+        def point(key: str, measure: Callable[[], float]) -> float:
+            bar.set_description(key.split("|")[0])
+            v = ckpt.get(key, measure)
+            bar.update()
+            return v
+
+        for name, xs, ys, measure in tables:
+            if ys is None:
+                values[name] = {"x": xs, "y": [
+                    point(f"{name}|{x}", lambda x=x, f=measure: f(x)) for x in xs]}
+            else:
+                values[name] = {"x": xs, "y": ys, "z": [
+                    [point(f"{name}|{x}|{y}", lambda x=x, y=y, f=measure: f(x, y)) for y in ys]
+                    for x in xs]}
+        waits: dict[str, float] = {}
+        for kind in ("p", "lA", "lS"):
+            g, overhead = [], []
+            for b in grids.cpu_batches:
+                cuda_s = point(f"assist.g_{kind}|{b}", lambda b=b, k=kind: m.assist(k, b)[0])
+                wall_s = point(f"assist.wall_{kind}|{b}", lambda b=b, k=kind: m.assist(k, b)[1])
+                g.append(cuda_s)
+                overhead.append(max(wall_s - cuda_s, 0.0))
+            values[f"assist.g_{kind}"] = {"x": grids.cpu_batches, "y": g}
+            waits[kind] = sum(overhead) / len(overhead)
+        link = {k: point(f"link.{k}", lambda k=k: m.link()[k])
+                for k in ("h2d_bytes_per_s", "d2h_bytes_per_s", "latency_s")}
+        poll = point("assist.poll_s", m.poll_s)
+        launch = point("neo.launch_s", m.neo_launch_s)
+        overhead = point("iteration_overhead_s", m.iteration_overhead)
+    profile = _assemble(opt, m, values, waits, link, poll, launch, overhead, threads, protocol)
+    profile.save(opt.out)
+    result = fit_controls(profile)
+    fitted = with_controls(profile, result)
+    fitted.save(opt.out)
+    try:
+        from dualpace_sim.fit_plots import plot_fit
+
+        plot_fit(result, opt.out.with_name(opt.out.stem + "-fit"))
+    except ImportError as e:  # matplotlib missing on the box: the profile still stands
+        print(f"note: fit plots skipped ({e})")
+    ckpt.path.unlink(missing_ok=True)
+    return fitted
+
+
+def _capacities(opt: Options, gpu_device: torch.device) -> tuple[int, int, dict]:
+    s, bs = opt.shape, opt.block_size
+    block_bytes = bs * s.kv_bytes_per_token
+    if opt.gpu_kv_gib is not None:
+        gpu_bytes = opt.gpu_kv_gib * GIB
+    elif gpu_device.type == "cuda":
+        total = torch.cuda.get_device_properties(gpu_device).total_memory
+        gpu_bytes = total * 0.9 - s.weight_bytes - GPU_RESERVE_GIB * GIB
+    else:
+        gpu_bytes = 1 * GIB  # the GPU path on the CPU (tests): a nominal pool
+    host_bytes = (opt.host_kv_gib * GIB if opt.host_kv_gib is not None else
+                  (box.memory_gib() - HOST_RESERVE_GIB) * GIB - s.weight_bytes)
+    if gpu_bytes < block_bytes or host_bytes < block_bytes:
+        raise ProfileRunError(
+            f"no room for KV: {gpu_bytes / GIB:.1f} GiB on the GPU, {host_bytes / GIB:.1f} GiB "
+            f"on the host after the weights; set --gpu-kv-gib / --host-kv-gib")
+    params = {"gpu_kv_gib": round(gpu_bytes / GIB, 2), "host_kv_gib": round(host_bytes / GIB, 2)}
+    return int(gpu_bytes // block_bytes), int(host_bytes // block_bytes), params
+
+
+def _assemble(opt: Options, m: Measurer, v: dict, waits: dict, link: dict, poll: float,
+              launch: float, overhead: float, threads: int, protocol: Protocol) -> Profile:
+    gpu_blocks, host_blocks, params = _capacities(opt, m.gpu_device)
+    prov = box.provenance(m.gpu_device, threads, opt.command, dt.date.today().isoformat())
+    prov["parameters"] = {**params, "warmups": protocol.warmups,
+                          "invocations_max": protocol.invocations, "repeats": protocol.repeats}
+    prov["notes"] = (
+        f"One decoder layer plus pre/post-layer measured with random bf16 weights; CPU dense "
+        f"stages via {m.cpu_linear}; GPU decode attention via {m.gpu_decode.__module__}; "
+        f"decode contexts beyond {m.grids.max_request_context} tokens per request scaled "
+        "linearly. q_x = o_x = the in-process host overhead of an assist call (wall minus CUDA "
+        "time); the runtime's shared-memory handshake is not included. Iteration overheads "
+        "(both engines) = the GPU executor building a 64-request decode batch."
+        + (" QUICK grids and protocol: for tests, not for studies." if opt.quick else ""))
+    data = {
+        "format": "dualpace-profile/1",
+        "provenance": prov,
+        "model": asdict(opt.shape),
+        "box": {"name": opt.box_name, "gpu": prov["gpu_model"], "gpu_count": 1,
+                "tensor_parallel": 1, "cpu": prov["cpu_model"], "cpu_cores": threads},
+        "block_size": opt.block_size,
+        "gpu": {k.split(".", 1)[1]: t for k, t in v.items() if k.startswith("gpu.")}
+        | {"iteration_overhead_s": overhead, "kv_capacity_blocks": gpu_blocks},
+        "cpu": {k.split(".", 1)[1]: t for k, t in v.items() if k.startswith("cpu.")}
+        | {"iteration_overhead_s": overhead, "kv_capacity_blocks": host_blocks},
+        "assist": {"g_p": v["assist.g_p"], "g_lA": v["assist.g_lA"], "g_lS": v["assist.g_lS"],
+                   "q": waits, "o": waits, "poll_s": poll},
+        "link": link,
+        "neo": {"launch_s": launch},
+    }
+    return Profile.model_validate(data)

@@ -1,0 +1,73 @@
+"""Serving-shaped timing (paper Appendix B): W warm-ups, then R repeats of I timed
+invocations; a primitive's latency is the mean over repeats of the per-invocation mean."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Protocol:
+    warmups: int = 5  # W
+    invocations: int = 100  # I, at most: fewer when one repeat would exceed max_repeat_s
+    repeats: int = 3  # R
+    max_repeat_s: float = 0.25  # keeps slow points (big CPU batches) inside the time budget
+
+    @classmethod
+    def quick(cls) -> Protocol:
+        return cls(warmups=1, invocations=2, repeats=2, max_repeat_s=0.02)
+
+
+class Timer:
+    """Times a callable on one device: CUDA events on a GPU, wall clock on the CPU."""
+
+    def __init__(self, device: torch.device, protocol: Protocol) -> None:
+        self.device = device
+        self.p = protocol
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def __call__(self, fn: Callable[[], object]) -> float:
+        p = self.p
+        for _ in range(p.warmups):
+            fn()
+        self.sync()
+        start = time.perf_counter()
+        fn()
+        self.sync()
+        estimate = max(time.perf_counter() - start, 1e-7)
+        n = max(1, min(p.invocations, int(p.max_repeat_s / estimate)))
+        samples = []
+        for _ in range(p.repeats):
+            if self.cuda:
+                begin = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                begin.record()
+                for _ in range(n):
+                    fn()
+                end.record()
+                end.synchronize()
+                samples.append(begin.elapsed_time(end) / 1e3 / n)
+            else:
+                start = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                samples.append((time.perf_counter() - start) / n)
+        return statistics.mean(samples)
+
+    def wall(self, fn: Callable[[], object]) -> float:
+        """Wall-clock per call including a device sync (for host-visible latencies)."""
+
+        def synced() -> None:
+            fn()
+            self.sync()
+
+        return Timer(torch.device("cpu"), self.p)(synced)
