@@ -238,3 +238,18 @@ def fit(
         typer.echo(f"wrote controls into {profile}")
     for line in result.lines():
         typer.echo(line)
+
+
+@profile_app.command()
+def compare(
+    first: Annotated[Path, typer.Argument(help="a profile, e.g. the measured one")],
+    second: Annotated[Path, typer.Argument(help="another profile of the same model")],
+) -> None:
+    """Table by table, how far FIRST is from SECOND (ratios FIRST/SECOND at FIRST's grid
+    points, interpolating SECOND), plus the scalar constants, as a markdown table."""
+    from .costs.compare import markdown
+
+    a, b = _load(first), _load(second)
+    if a.model.name != b.model.name:
+        _fail(f"{second}: model {b.model.name} differs from {first}'s {a.model.name}")
+    typer.echo(markdown(a, b, a.provenance.method, b.provenance.method), nl=False)

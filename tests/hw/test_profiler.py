@@ -14,6 +14,7 @@ from dualpace_hw.profiler import run as profile_run
 from dualpace_hw.profiler.measure import Measurer
 from dualpace_sim.cli import app as sim_app
 from dualpace_sim.costs import load_profile
+from dualpace_sim.costs.profile import check_magnitudes
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +40,10 @@ def test_quick_profile_has_provenance_fits_and_plots(quick_profile):
                      f"gpu_token_limit={c.gpu_token_limit}", f"cpu_batch_limit={c.cpu_batch_limit}"]
     assert out.with_name("tiny-llama-fit.png").stat().st_size > 0
     assert not out.with_suffix(".partial.json").exists()
-    # measured times grow with the work
+    # measured times grow with the work, and pass the simulator's unit checks
     assert profile.gpu.decode_attn.z[0][-1] > profile.gpu.decode_attn.z[0][0]
     assert profile.cpu.post_layer.y[-1] > 0
+    check_magnitudes(profile, str(out))
 
 
 def test_quick_profile_drives_the_simulator(quick_profile, tmp_path):
@@ -81,6 +83,7 @@ def test_an_interrupted_profile_resumes_from_its_checkpoint(tmp_path, monkeypatc
     # 2 measured and 1 interrupted before; then only the 7 missing points of the 3 x 3 grid,
     # plus NEO's launch term (a one-token CPU attention call)
     assert calls["n"] == 3 + 7 + 1
+    assert not out.with_suffix(".partial.json").exists()
     assert load_profile(out).cpu.decode_attn.z
 
 
