@@ -207,7 +207,8 @@ def _assemble(opt: Options, m: Measurer, v: dict, waits: dict, link: dict, poll:
         f"decode contexts beyond {m.grids.max_request_context} tokens per request extended "
         "along the line through the cap and half the cap. q_x = o_x = the in-process host "
         "overhead of an assist call (wall minus CUDA time); the runtime's shared-memory "
-        "handshake is not included. Iteration overheads (both engines) = the GPU executor building a 64-request decode batch."
+        "handshake is not included. Iteration overheads (both engines) = the GPU executor "
+        "building a 64-request decode batch."
         + (" QUICK grids and protocol: for tests, not for studies." if opt.quick else ""))
     data = {
         "format": "dualpace-profile/1",
