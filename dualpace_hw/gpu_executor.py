@@ -1,0 +1,641 @@
+"""The GPU executor: runs the core's GpuPlans over the paged HBM pool, stage by stage.
+
+A plan's batch is flattened into rows: the decodes first (one row each: the request's last
+token at position prompt + generated - 1), then the prefill chunks (prompt ids start ..
+start + tokens - 1). Each layer computes q/k/v for all rows, stores K/V into the pages, runs
+paged decode attention for the decode rows and causal attention over the prefix for each chunk,
+then the post-attention stage; the post-layer samples the decode rows and the last row of every
+chunk that completes its prompt.
+
+`stages(plan)` returns the paper's stage tasks [pre-layer, layer 0 .. N-1, post-layer] over one
+shared state; `execute(plan)` runs them in order, so the whole-forward path and the
+stage-by-stage path (the runtime services Dense Assist between stages) are the same code.
+
+Prefill-to-CPU chunks keep no KV in HBM: their K/V are computed on the GPU, attention uses GPU
+staging (earlier chunks of the prompt are gathered from the host pool layer by layer), and every
+layer's pages are copied to the request's host blocks on the migrator's copy stream; the
+forward's `copies` (and `copies_done()`) report when the last layer landed.
+
+On CUDA: RMSNorm, q/k-norm + RoPE + the paged K/V store and SiLU-and-multiply run as fused
+Triton kernels (triton_ops.py), decode attention is the Triton paged kernel (triton_decode.py),
+prefill attention is SDPA over the gathered prefix, and decode-only batches replay per-stage
+CUDA graphs captured once per (batch, table width) bucket. On the CPU device (the tests) the
+stages are model.py's own and attention is attention.py's reference.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from dualpace_sim.core.plans import GpuPlan
+
+from . import attention as ref_attn
+from .kv import PagedKVPool, slot_mapping
+from .migrate import CopyGroup, CopyHandle, Migrator
+from .model import Model, greedy
+from .tokens import TokenStore
+from .triton_decode import HAVE_TRITON
+
+
+@dataclass
+class _Chunk:
+    row0: int
+    n: int
+    start: int
+    req_id: int
+    blocks: list[int]  # GPU block ids, or host block ids for a Prefill-to-CPU chunk
+    to_cpu: bool
+    last: bool
+    table: torch.Tensor | None = None  # GPU block table (GPU-bound chunks)
+
+
+@dataclass
+class Batch:
+    """A GpuPlan flattened into tensors on the model's device."""
+
+    ids: torch.Tensor  # [T] token ids
+    positions: torch.Tensor  # [T]
+    slots: torch.Tensor  # [T] slots in the GPU pool; -1 for Prefill-to-CPU rows
+    n_dec: int
+    block_tables: torch.Tensor  # [D, max blocks] int32 (decodes)
+    context_lens: torch.Tensor  # [D] int32, tokens including the current one
+    chunks: list[_Chunk]
+    sample_rows: torch.Tensor | None  # rows that sample; None = every row
+    sample_req_ids: list[int]
+    gpu_blocks: set[int] = field(default_factory=set)  # HBM blocks read or written
+    swapped_in: bool = False  # a decode was swapped in this round
+    cos: torch.Tensor | None = None  # [T, hd/2] fp32 (fused path)
+    sin: torch.Tensor | None = None
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.ids.shape[0])
+
+
+@dataclass
+class _Flat:
+    """A plan flattened into host lists (what `prepare` turns into tensors)."""
+
+    ids: list[int] = field(default_factory=list)
+    pos: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    tables: list[list[int]] = field(default_factory=list)
+    lens: list[int] = field(default_factory=list)
+    n_dec: int = 0
+    chunks: list[_Chunk] = field(default_factory=list)
+    sample_rows: list[int] = field(default_factory=list)
+    sample_ids: list[int] = field(default_factory=list)
+    gpu_blocks: set[int] = field(default_factory=set)
+    swapped_in: bool = False
+
+
+class _State:
+    hidden: torch.Tensor
+    logits: torch.Tensor
+    tokens: torch.Tensor
+
+
+class Forward:
+    """One plan's stage tasks; iterate and call them in order, then read `result()`."""
+
+    def __init__(self, stages: list[Callable[[], None]], finish: Callable[[], dict[int, int]],
+                 state: _State, copies: CopyGroup, n_sampled: int) -> None:
+        self.stages = stages
+        self.n_sampled = n_sampled
+        self._finish = finish
+        self.state = state
+        self.copies = copies  # Prefill-to-CPU layer copies issued by this forward
+
+    def __iter__(self):
+        return iter(self.stages)
+
+    def __len__(self) -> int:
+        return len(self.stages)
+
+    def result(self) -> dict[int, int]:
+        """Sampled token per request (decodes and completing chunks); syncs with the GPU."""
+        return self._finish()
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """[sampled rows, V] fp32 logits, in the order of `result()`."""
+        return self.state.logits[: self.n_sampled]
+
+
+def _bucket(n: int, sizes: tuple[int, ...]) -> int:
+    for s in sizes:
+        if n <= s:
+            return s
+    return -(-n // sizes[-1]) * sizes[-1]
+
+
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+_TABLE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+class GpuExecutor:
+    def __init__(
+        self,
+        model: Model,
+        pool: PagedKVPool,
+        tokens: TokenStore,
+        host_pool: PagedKVPool | None = None,
+        migrator: Migrator | None = None,
+        fused: bool | None = None,
+        cuda_graphs: bool | None = None,
+        max_graphs: int = 32,
+        triton_decode: bool | None = None,
+    ) -> None:
+        self.model = model
+        self.shape = model.shape
+        self.pool = pool
+        self.tokens = tokens
+        self.host_pool = host_pool
+        self.device = model.device
+        self.cuda = self.device.type == "cuda"
+        if migrator is None and host_pool is not None:
+            migrator = Migrator(pool, host_pool)
+        self.migrator = migrator
+        self.fused = (self.cuda and HAVE_TRITON) if fused is None else fused
+        self.triton_decode = (self.cuda and HAVE_TRITON) if triton_decode is None \
+            else triton_decode
+        self.cuda_graphs = self.cuda if cuda_graphs is None else cuda_graphs
+        self.max_graphs = max_graphs
+        self._graphs: OrderedDict[tuple[int, int], _DecodeGraph] = OrderedDict()
+        self.copies: CopyGroup = CopyGroup()  # the last forward's Prefill-to-CPU copies
+        self._req_copies: dict[int, CopyGroup] = {}  # per request, its latest chunk's copies
+        self._noted_swap_outs: dict[int, list[int]] = {}
+        self._swapped_out: set[int] = set()
+        self.swap_handle: CopyHandle | None = None
+        self._pinned: dict[str, torch.Tensor] = {}
+        self._assist_event = torch.cuda.Event() if self.cuda else None
+
+    # ================================================================== prepare
+
+    def _flatten(self, plan: GpuPlan) -> _Flat:
+        bs = self.pool.block_size
+        f = _Flat()
+        for r in plan.decodes:
+            toks = self.tokens.ids(r.req_id)
+            n = r.prompt_tokens + r.generated
+            if len(toks) != n:
+                raise ValueError(f"request {r.req_id}: the token store holds {len(toks)} ids, "
+                                 f"the core counts {n}")
+            if len(r.blocks) * bs < n:
+                raise ValueError(f"request {r.req_id}: {len(r.blocks)} blocks hold no {n} tokens")
+            p = n - 1
+            f.sample_rows.append(len(f.ids))
+            f.sample_ids.append(r.req_id)
+            f.ids.append(toks[p])
+            f.pos.append(p)
+            f.slots.append(r.blocks[p // bs] * bs + p % bs)
+            used = r.blocks[: -(-n // bs)]
+            f.tables.append(used)
+            f.lens.append(n)
+            f.gpu_blocks.update(used)
+        f.n_dec = len(f.ids)
+        for c in plan.prefills:
+            r = c.req
+            toks = self.tokens.ids(r.req_id)
+            if len(toks) < c.start + c.tokens:
+                raise ValueError(f"request {r.req_id}: chunk {c.start}+{c.tokens} past its ids")
+            ch = _Chunk(len(f.ids), c.tokens, c.start, r.req_id, list(r.blocks), c.to_cpu,
+                        c.last)
+            f.ids.extend(toks[c.start:c.start + c.tokens])
+            f.pos.extend(range(c.start, c.start + c.tokens))
+            if c.to_cpu:
+                if self.migrator is None:
+                    raise ValueError("a Prefill-to-CPU chunk needs a host pool and a migrator")
+                f.slots.extend([-1] * c.tokens)
+            else:
+                f.slots.extend(slot_mapping(r.blocks, c.start, c.tokens, bs))
+                used = r.blocks[: -(-(c.start + c.tokens) // bs)]
+                ch.table = torch.tensor(used, dtype=torch.int64, device=self.device)
+                f.gpu_blocks.update(used)
+            if c.last:
+                f.sample_rows.append(len(f.ids) - 1)
+                f.sample_ids.append(r.req_id)
+            f.chunks.append(ch)
+        swapped = {id(r) for r in plan.swap_ins}
+        f.swapped_in = any(id(r) in swapped for r in plan.decodes)
+        return f
+
+    def prepare(self, plan: GpuPlan) -> Batch:
+        """Flatten a plan (after the core's commit) into tensors on the model's device."""
+        f = self._flatten(plan)
+        dev = self.device
+        width = max((len(t) for t in f.tables), default=1)
+        table = torch.zeros(len(f.tables), width, dtype=torch.int32)
+        for i, t in enumerate(f.tables):
+            table[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+        rows = None
+        if len(f.sample_rows) != len(f.ids):
+            rows = torch.tensor(f.sample_rows, dtype=torch.int64, device=dev)
+        return Batch(
+            ids=torch.tensor(f.ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(f.pos, dtype=torch.int64, device=dev),
+            slots=torch.tensor(f.slots, dtype=torch.int64, device=dev),
+            n_dec=f.n_dec,
+            block_tables=table.to(dev),
+            context_lens=torch.tensor(f.lens, dtype=torch.int32, device=dev),
+            chunks=f.chunks,
+            sample_rows=rows,
+            sample_req_ids=f.sample_ids,
+            gpu_blocks=f.gpu_blocks,
+            swapped_in=f.swapped_in,
+        )
+
+    # ================================================================ migrations
+
+    def note_swap_outs(self, plan: GpuPlan) -> None:
+        """Call before the core's commit: remember the HBM blocks of the plan's swap-outs (the
+        commit replaces them with the host blocks they go to)."""
+        for r in plan.swap_outs:
+            self._noted_swap_outs[r.req_id] = list(r.blocks)
+
+    def migrate(self, plan: GpuPlan) -> CopyHandle | None:
+        """Issue the plan's swap-outs then swap-ins on the copy stream (after the core's commit).
+        Returns one handle for all of them (None when there are none)."""
+        if not plan.has_migrations:
+            return None
+        if self.migrator is None:
+            raise ValueError("swaps need a host pool and a migrator")
+        handle = None
+        self._swapped_out = set()
+        if plan.swap_outs:
+            g: list[int] = []
+            h: list[int] = []
+            for r in plan.swap_outs:
+                if r.req_id not in self._noted_swap_outs:
+                    raise ValueError(f"swap-out of request {r.req_id}: call note_swap_outs(plan) "
+                                     "before the core's commit")
+                src = self._noted_swap_outs.pop(r.req_id)
+                g.extend(src)
+                h.extend(r.blocks)
+            self._swapped_out = set(g)
+            handle = self.migrator.swap_out(g, h)
+        if plan.swap_ins:
+            g, h = [], []
+            for r in plan.swap_ins:
+                h.extend(r.source_blocks)
+                g.extend(r.blocks[: len(r.source_blocks)])
+            handle = self.migrator.swap_in(h, g)  # same stream: lands after the swap-outs
+        self.swap_handle = handle
+        return handle
+
+    # ==================================================================== stages
+
+    def stages(self, plan: GpuPlan) -> Forward:
+        """The plan's stage tasks [pre-layer, layer 0 .. N-1, post-layer] (with its migrations
+        issued first)."""
+        handle = self.migrate(plan)
+        if self.cuda_graphs and self.cuda and plan.decodes and not plan.prefills:
+            fw = self._graph_forward(plan)
+        else:
+            batch = self.prepare(plan)
+            state = _State()
+            copies = CopyGroup()
+            fns = self._stage_fns(batch, state, copies)
+
+            def finish(b=batch, st=state) -> dict[int, int]:
+                return dict(zip(b.sample_req_ids, st.tokens.tolist(), strict=True))
+
+            fw = Forward(fns, finish, state, copies, len(batch.sample_req_ids))
+            self.copies = copies
+            self._last_batch = batch
+            if handle is not None and self.cuda:
+                self._hazards(batch, handle, fw)
+            return fw
+        if handle is not None and self.cuda:
+            self._hazards(self._last_batch, handle, fw)
+        return fw
+
+    def _hazards(self, batch: Batch | _Flat, handle: CopyHandle, fw: Forward) -> None:
+        """The compute stream waits on this round's swaps only where it touches their blocks."""
+        if batch.swapped_in or (batch.gpu_blocks & self._swapped_out):
+            first = fw.stages[0]
+
+            def waited() -> None:
+                handle.block()
+                first()
+
+            fw.stages[0] = waited
+
+    def execute(self, plan: GpuPlan) -> dict[int, int]:
+        """A whole forward: every stage in order; returns req_id -> sampled token id."""
+        fw = self.stages(plan)
+        for s in fw:
+            s()
+        self.last_forward = fw
+        return fw.result()
+
+    def copies_done(self) -> bool:
+        """Whether the last layer of the last forward's Prefill-to-CPU copies landed."""
+        return self.copies.done()
+
+    def _stage_fns(self, b: Batch, st: _State, copies: CopyGroup) -> list[Callable[[], None]]:
+        fns: list[Callable[[], None]] = [lambda: self._pre_layer(b, st)]
+        for layer in range(self.model.n_layers):
+            fns.append(lambda layer=layer: self._layer(layer, b, st, copies))
+        fns.append(lambda: self._post_layer(b, st))
+        return fns
+
+    def _pre_layer(self, b: Batch, st: _State) -> None:
+        st.hidden = self.model.pre_layer(b.ids)
+        if self.fused:
+            freqs = b.positions.float()[:, None] * self.model.rope.inv_freq[None, :]
+            b.cos, b.sin = freqs.cos(), freqs.sin()
+
+    def _post_layer(self, b: Batch, st: _State) -> None:
+        h = st.hidden if b.sample_rows is None else st.hidden.index_select(0, b.sample_rows)
+        st.logits = self.model.post_layer(h)
+        st.tokens = greedy(st.logits)
+
+    def _layer(self, layer: int, b: Batch, st: _State, copies: CopyGroup) -> None:
+        h = st.hidden
+        q, k, v = self._pre_attn(layer, h, b)
+        o = self._attention(layer, q, k, v, b, copies)
+        st.hidden = self._post_attn(layer, o.view(o.shape[0], -1), h)
+
+    # ----------------------------------------------------------- stage kernels
+
+    def _pre_attn(self, layer: int, h: torch.Tensor, b: Batch
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        s, lw = self.shape, self.model.w.layers[layer]
+        kc, vc = self.pool.layer(layer)
+        if self.fused:
+            from . import triton_ops
+
+            x, _ = triton_ops.rms_norm(h, lw.input_norm, s.rms_norm_eps)
+            qkv = lw.qkv(x)
+            q, k = triton_ops.qkv_rope_store(
+                qkv, b.cos, b.sin, b.slots, kc, vc, s.n_heads, s.n_kv_heads, s.head_dim,
+                lw.q_norm, lw.k_norm, s.rms_norm_eps)
+            v = qkv[:, s.q_dim + s.kv_dim:].view(-1, s.n_kv_heads, s.head_dim)
+            return q, k, v
+        q, k, v = self.model.pre_attn(layer, h, b.positions)
+        if any(c.to_cpu for c in b.chunks):
+            keep = b.slots >= 0
+            self.pool.write(layer, b.slots[keep], k[keep], v[keep])
+        else:
+            self.pool.write(layer, b.slots, k, v)
+        return q, k, v
+
+    def _post_attn(self, layer: int, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        if not self.fused:
+            return self.model.post_attn(layer, attn, residual)
+        from . import triton_ops
+
+        lw = self.model.w.layers[layer]
+        x, h = triton_ops.rms_norm(lw.o(attn), lw.post_norm, self.shape.rms_norm_eps,
+                                   residual=residual)
+        return h + lw.down(triton_ops.silu_mul(lw.gate_up(x)))
+
+    def _attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   b: Batch, copies: CopyGroup) -> torch.Tensor:
+        kc, vc = self.pool.layer(layer)
+        o = torch.empty_like(q)
+        d = b.n_dec
+        if d:
+            if self.triton_decode:
+                from . import triton_decode
+
+                triton_decode.paged_decode_attention(q[:d], kc, vc, b.block_tables,
+                                                     b.context_lens, out=o[:d])
+            else:
+                o[:d] = ref_attn.paged_decode_attention(q[:d], kc, vc, b.block_tables,
+                                                        b.context_lens)
+        for c in b.chunks:
+            rows = slice(c.row0, c.row0 + c.n)
+            if not c.to_cpu:
+                o[rows] = ref_attn.prefill_attention(q[rows], kc, vc, c.table, c.start)
+            else:
+                o[rows] = self._to_cpu_chunk(layer, q[rows], k[rows], v[rows], c, copies)
+        return o
+
+    def _to_cpu_chunk(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      c: _Chunk, copies: CopyGroup) -> torch.Tensor:
+        """Attention of a Prefill-to-CPU chunk over GPU staging, and its pages to the host."""
+        bs = self.pool.block_size
+        kvh, hd = self.shape.n_kv_heads, self.shape.head_dim
+        kt, vt = k.transpose(0, 1), v.transpose(0, 1)  # [kvh, C, hd]
+        if layer == 0:
+            earlier = self._req_copies.pop(c.req_id, None)
+            if earlier is not None and self.cuda:
+                earlier.block()  # the previous chunk's pages must have landed (GPU-side wait)
+            self._req_copies[c.req_id] = CopyGroup()
+        if c.start:
+            n_prev = -(-c.start // bs)
+            kp, vp = self._gather_host_layer(layer, c.blocks[:n_prev])  # [n, kvh, bs, hd]
+            kp = kp.permute(1, 0, 2, 3).reshape(kvh, -1, hd)[:, : c.start].to(k.dtype)
+            vp = vp.permute(1, 0, 2, 3).reshape(kvh, -1, hd)[:, : c.start].to(v.dtype)
+            kf, vf = torch.cat([kp, kt], 1), torch.cat([vp, vt], 1)
+        else:
+            kf, vf = kt, vt
+        out = _causal_prefix_attention(q, kf, vf, c.start)
+        # whole pages from the first page this chunk touches to its last one, K and V stacked
+        # and put in host-id order for few large DMAs
+        first, last = c.start // bs, (c.start + c.n - 1) // bs
+        lo, hi = first * bs, (last + 1) * bs
+        kv = torch.stack([kf[:, lo:], vf[:, lo:]])  # [2, kvh, tokens, hd]
+        pad = hi - (c.start + c.n)
+        if pad:
+            kv = F.pad(kv, (0, 0, 0, pad))
+        kv = kv.view(2, kvh, last + 1 - first, bs, hd).transpose(1, 2)
+        plan = self.migrator.page_plan(c.blocks[first:last + 1])
+        kv = self.migrator.sort_pages(plan, kv.to(self.host_pool.data.dtype), dim=1)
+        handle = self.migrator.copy_layer_pages_to_host(layer, kv, plan)
+        copies.add(handle)
+        self._req_copies[c.req_id].add(handle)
+        if c.last and layer == self.model.n_layers - 1:
+            del self._req_copies[c.req_id]  # the prompt is complete: nothing reads it here
+        return out
+
+    def _gather_host_layer(self, layer: int, host_blocks: list[int]
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's K and V pages of `host_blocks` on the model's device (compute stream)."""
+        hd = self.host_pool.data
+        if not self.cuda:
+            ids = torch.tensor(host_blocks)
+            return hd[layer, 0].index_select(0, ids), hd[layer, 1].index_select(0, ids)
+        plan = self.migrator.page_plan(host_blocks)
+        stage = torch.empty((2, len(host_blocks)) + hd.shape[3:], dtype=hd.dtype,
+                            device=self.device)
+        for p, b0, m in plan.runs:  # host-id order
+            stage[0, p:p + m].copy_(hd[layer, 0, b0:b0 + m], non_blocking=True)
+            stage[1, p:p + m].copy_(hd[layer, 1, b0:b0 + m], non_blocking=True)
+        stage = plan.unsort(stage, dim=1)
+        return stage[0], stage[1]
+
+    # ================================================================ CUDA graphs
+
+    def _graph_forward(self, plan: GpuPlan) -> Forward:
+        bs = self.pool.block_size
+        d = len(plan.decodes)
+        need = max(-(-(r.prompt_tokens + r.generated) // bs) for r in plan.decodes)
+        key = (_bucket(d, _BATCH_BUCKETS), _bucket(need, _TABLE_BUCKETS))
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = _DecodeGraph(self, *key)
+            self._graphs[key] = graph
+            while len(self._graphs) > self.max_graphs:
+                self._graphs.popitem(last=False)
+        else:
+            self._graphs.move_to_end(key)
+        flat = self._flatten(plan)
+        self._last_batch = flat
+        self.copies = CopyGroup()
+        return graph.forward(flat)
+
+    # ============================================================== Dense Assist
+
+    def _stage_in(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """A CPU tensor to the model's device (through a pinned buffer on CUDA)."""
+        dt = self.model.w.embed.dtype
+        if not self.cuda:
+            return t.to(self.device, dt)
+        if t.is_pinned():
+            return t.to(self.device, non_blocking=True).to(dt)
+        buf = self._pinned_buffer(name, t.numel(), t.dtype)
+        view = buf[: t.numel()].view(t.shape)
+        view.copy_(t)
+        return view.to(self.device, non_blocking=True).to(dt)
+
+    def _pinned_buffer(self, name: str, n: int, dtype: torch.dtype) -> torch.Tensor:
+        buf = self._pinned.get(name)
+        if buf is None or buf.numel() < n or buf.dtype != dtype:
+            buf = torch.empty(max(n, 1 << 16), dtype=dtype, pin_memory=True)
+            self._pinned[name] = buf
+        return buf
+
+    def _stage_out(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        if not self.cuda:
+            return t
+        buf = self._pinned_buffer(name, t.numel(), t.dtype)
+        view = buf[: t.numel()].view(t.shape)
+        view.copy_(t, non_blocking=True)
+        self._assist_event.record()
+        self._assist_event.synchronize()
+        return view.clone()
+
+    def assist_post_attn(self, layer: int, attn_out_cpu: torch.Tensor,
+                         residual_cpu: torch.Tensor) -> torch.Tensor:
+        """Dense Assist g_p: one non-final post-attention stage of a CPU batch -> hidden (CPU)."""
+        attn = self._stage_in("attn", attn_out_cpu)
+        res = self._stage_in("residual", residual_cpu)
+        return self._stage_out("hidden", self._post_attn(layer, attn, res))
+
+    def assist_post_layer(self, hidden_cpu: torch.Tensor) -> torch.Tensor:
+        """Dense Assist g_lS (Split-Final): the post-layer of a CPU batch -> token ids (CPU)."""
+        h = self._stage_in("residual", hidden_cpu)
+        return self._stage_out("tokens", greedy(self.model.post_layer(h)))
+
+    def assist_fused_final(self, layer: int, attn_out_cpu: torch.Tensor,
+                           residual_cpu: torch.Tensor) -> torch.Tensor:
+        """Dense Assist g_lA (Fused-Assist): the last post-attention stage and the post-layer."""
+        attn = self._stage_in("attn", attn_out_cpu)
+        res = self._stage_in("residual", residual_cpu)
+        h = self._post_attn(layer, attn, res)
+        return self._stage_out("tokens", greedy(self.model.post_layer(h)))
+
+
+def _causal_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             start: int) -> torch.Tensor:
+    """q [C, heads, hd] at positions start.. over k, v [kv_heads, start + C, hd] (causal)."""
+    chunk, n_heads, _ = q.shape
+    kv_heads, length = k.shape[0], k.shape[1]
+    group = n_heads // kv_heads
+    qh = q.permute(1, 0, 2).reshape(kv_heads, group * chunk, -1)
+    if start == 0:
+        mask = None
+        causal = True
+        if group > 1:  # stacked heads break the plain causal layout: mask explicitly
+            pos_q = torch.arange(chunk, device=q.device).repeat(group)
+            mask = pos_q[:, None] >= torch.arange(length, device=q.device)[None, :]
+            causal = False
+    else:
+        pos_q = torch.arange(start, start + chunk, device=q.device).repeat(group)
+        mask = pos_q[:, None] >= torch.arange(length, device=q.device)[None, :]
+        causal = False
+    o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, is_causal=causal)
+    return o.view(kv_heads, group, chunk, -1).permute(2, 0, 1, 3).reshape(chunk, n_heads, -1)
+
+
+class _DecodeGraph:
+    """Per-stage CUDA graphs of a decode-only batch of a fixed (rows, table width) bucket.
+
+    Static inputs are padded: extra rows have context 0 (attention writes zeros) and slot -1
+    (nothing stored); their sampled tokens are dropped."""
+
+    def __init__(self, ex: GpuExecutor, rows: int, width: int) -> None:
+        dev = ex.device
+        self.ex = ex
+        self.rows, self.width = rows, width
+        self.ids = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.slots = torch.full((rows,), -1, dtype=torch.int64, device=dev)
+        self.tables = torch.zeros(rows, width, dtype=torch.int32, device=dev)
+        self.lens = torch.zeros(rows, dtype=torch.int32, device=dev)
+        self.batch = Batch(self.ids, self.positions, self.slots, rows, self.tables, self.lens,
+                           [], None, [])
+        self.state = _State()
+        fns = ex._stage_fns(self.batch, self.state, CopyGroup())
+        side = torch.cuda.Stream(device=dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):  # warm-up: Triton compiles, cuBLAS picks its kernels
+            for f in fns:
+                f()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        torch.cuda.synchronize(dev)
+        self.mempool = torch.cuda.graph_pool_handle()
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+        for f in fns:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.mempool):
+                f()
+            self.graphs.append(g)
+        self.host = torch.empty(4 * rows + rows * width, dtype=torch.int64, pin_memory=True)
+        self.h2d_done: torch.cuda.Event | None = None
+
+    def forward(self, f: _Flat) -> Forward:
+        rows, width, d = self.rows, self.width, f.n_dec
+        if self.h2d_done is not None:
+            self.h2d_done.synchronize()  # the previous forward's inputs left the buffer
+        host = self.host
+        host[:rows].zero_()
+        host[rows:2 * rows].zero_()
+        host[2 * rows:3 * rows].fill_(-1)
+        host[3 * rows:].zero_()
+        host[:d] = torch.tensor(f.ids, dtype=torch.int64)
+        host[rows:rows + d] = torch.tensor(f.pos, dtype=torch.int64)
+        host[2 * rows:2 * rows + d] = torch.tensor(f.slots, dtype=torch.int64)
+        host[3 * rows:3 * rows + d] = torch.tensor(f.lens, dtype=torch.int64)
+        tab = host[4 * rows:].view(rows, width)
+        for i, t in enumerate(f.tables):
+            tab[i, : len(t)] = torch.tensor(t, dtype=torch.int64)
+        dev_in = host.to(self.ex.device, non_blocking=True)
+        self.h2d_done = torch.cuda.Event()
+        self.h2d_done.record()
+        b = f
+
+        def load_and_pre() -> None:
+            self.ids.copy_(dev_in[:rows])
+            self.positions.copy_(dev_in[rows:2 * rows])
+            self.slots.copy_(dev_in[2 * rows:3 * rows])
+            self.lens.copy_(dev_in[3 * rows:4 * rows])
+            self.tables.copy_(dev_in[4 * rows:].view(rows, width))
+            self.graphs[0].replay()
+
+        stages: list[Callable[[], None]] = [load_and_pre]
+        stages += [g.replay for g in self.graphs[1:]]
+
+        def finish() -> dict[int, int]:
+            return dict(zip(b.sample_ids, self.state.tokens[:d].tolist(), strict=True))
+
+        return Forward(stages, finish, self.state, CopyGroup(), d)
+
