@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import torch
 
+from dualpace_sim.core import PrefillChunk
 from dualpace_sim.costs.shapes import ModelShape
 
 from ..attention import paged_decode_attention as torch_decode
 from ..attention import prefill_attention
+from ..gpu_executor import _State
 from ..kv import PagedKVPool
 from ..model import Model, ModelWeights, greedy
 from .grids import Grids
@@ -74,21 +76,42 @@ class Measurer:
 
     # --- GPU-main ---------------------------------------------------------------------------
 
+    def _gpu_batch(self, n: int):
+        """The GPU executor's own batch of `n` one-token rows (slots in the pool), so the
+        stage timings below run the executor's kernels (fused on CUDA)."""
+        from dualpace_sim.core import GpuPlan, Request
+
+        from ..gpu_executor import GpuExecutor
+        from ..tokens import TokenStore
+
+        tokens, plan = TokenStore(), GpuPlan()
+        for i in range(n):
+            r = Request.create(i, 0.0, 1, 1, self.bs)
+            r.blocks = [i % self.gpu_pool.n_blocks]
+            tokens.add(i, [1])
+            plan.prefills.append(PrefillChunk(r, 0, 1, False, True))
+        ex = GpuExecutor(self.gpu, self.gpu_pool, tokens, cuda_graphs=False)
+        batch = ex.prepare(plan)
+        state = _State()
+        ex._pre_layer(batch, state)
+        return ex, batch, state
+
     def gpu_pre_attn(self, n: int) -> float:
-        h, pos = self._hidden(n, self.gpu_device), torch.arange(n, device=self.gpu_device)
-        return self.gpu_t(lambda: self.gpu.pre_attn(0, h, pos))
+        ex, batch, state = self._gpu_batch(n)
+        return self.gpu_t.graphed(lambda: ex._pre_attn(0, state.hidden, batch))
 
     def gpu_post_attn(self, n: int) -> float:
+        ex, _, _ = self._gpu_batch(1)
         a, r = self._attn(n, self.gpu_device), self._hidden(n, self.gpu_device)
-        return self.gpu_t(lambda: self.gpu.post_attn(0, a, r))
+        return self.gpu_t.graphed(lambda: ex._post_attn(0, a, r))
 
     def gpu_pre_layer(self, n: int) -> float:
         ids = torch.randint(0, self.shape.vocab_size, (n,), device=self.gpu_device)
-        return self.gpu_t(lambda: self.gpu.pre_layer(ids))
+        return self.gpu_t.graphed(lambda: self.gpu.pre_layer(ids))
 
     def gpu_post_layer(self, n: int) -> float:
         h = self._hidden(n, self.gpu_device)
-        return self.gpu_t(lambda: greedy(self.gpu.post_layer(h)))
+        return self.gpu_t.graphed(lambda: greedy(self.gpu.post_layer(h)))
 
     def gpu_prefill_attn(self, chunk: int, context: int) -> float:
         context = max(context, chunk)
@@ -120,7 +143,7 @@ class Measurer:
         lens = torch.full((batch,), context, dtype=torch.int32, device=device)
         q = torch.randn(batch, s.n_heads, s.head_dim, dtype=torch.bfloat16, device=device)
         kc, vc = pool.layer(0)
-        return timer(lambda: kernel(q, kc, vc, tables, lens))
+        return timer.graphed(lambda: kernel(q, kc, vc, tables, lens))
 
     def gpu_decode_attn(self, batch: int, total: int) -> float:
         return self._decode(self.gpu_decode, self.gpu_t, self.gpu_pool, self.gpu_device, batch,

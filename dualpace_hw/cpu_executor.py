@@ -1,0 +1,223 @@
+"""The CPU executor: one decode step of a CPU-owned batch over the host KV pool.
+
+`CpuExecutor.execute(plan)` runs the pre-layer, every layer's pre-attention and attention on the
+CPU (prepacked oneDNN linears, the C++ paged attention over the host pool's HND pages), and the
+post-attention stages and post-layer where `plan.route` says (paper Eq. 5):
+
+* Full-CPU: everything on the CPU.
+* Split-Final: all layers on the CPU, the post-layer through `assist.assist_post_layer(hidden)`.
+* Fused-Assist: every post-attention stage through `assist.assist_post_attn(layer, attn_out,
+  residual)`, the last one through `assist.assist_fused_final(layer, attn_out, residual)`, which
+  also runs the post-layer and returns the tokens.
+
+`assist` is any object with those three methods: the GPU executor in the runtime, or
+`LocalAssist(model)` here (the same stages on a given Model, any device), which tests use and the
+runtime can fall back to when no GPU is there.
+
+Threads and cores: the executor owns a thread count (`torch.set_num_threads`, applied in the
+thread that calls `execute`, since OpenMP's thread count is per calling thread) and optionally a
+core set (`os.sched_setaffinity` of the calling thread, inherited by the threads it starts, plus
+one core per OpenMP worker of its team). In the real runtime the CPU engine runs in its own
+process, so neither leaks into the GPU engine; in a test, run it in its own thread (or process)
+if the rest of the process must keep its settings.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+
+from dualpace_sim.core.plans import CpuPlan
+from dualpace_sim.core.request import Request
+from dualpace_sim.core.routing import Route
+
+from .cpu_attention import cpu_paged_decode_attention, omp_threads, pin_threads
+from .kv import PagedKVPool
+from .model import Model, greedy
+
+
+class TokenSource(Protocol):
+    """What the executor needs of the token store (dualpace_hw.tokens.TokenStore)."""
+
+    def last(self, req_id: int) -> int: ...
+
+
+class Assist(Protocol):
+    """Dense Assist: post-attention stages and the post-layer of a CPU batch, elsewhere."""
+
+    def assist_post_attn(
+        self, layer: int, attn_out_cpu: torch.Tensor, residual_cpu: torch.Tensor
+    ) -> torch.Tensor: ...
+
+    def assist_post_layer(self, hidden_cpu: torch.Tensor) -> Any: ...
+
+    def assist_fused_final(
+        self, layer: int, attn_out_cpu: torch.Tensor, residual_cpu: torch.Tensor
+    ) -> Any: ...
+
+
+def _token_list(tokens: Any) -> list[int]:
+    """Tokens as a list of ints, from a tensor (any device), a list or a tuple."""
+    if isinstance(tokens, torch.Tensor):
+        return tokens.reshape(-1).tolist()
+    return [int(t) for t in tokens]
+
+
+class LocalAssist:
+    """Dense Assist run by a Model of its own (any device): the same stages as the GPU worker's,
+    with CPU tensors in and out."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.calls = {"post_attn": 0, "post_layer": 0, "fused_final": 0}
+
+    def _in(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.model.device, self.model.w.embed.dtype)
+
+    def assist_post_attn(
+        self, layer: int, attn_out_cpu: torch.Tensor, residual_cpu: torch.Tensor
+    ) -> torch.Tensor:
+        self.calls["post_attn"] += 1
+        h = self.model.post_attn(layer, self._in(attn_out_cpu), self._in(residual_cpu))
+        return h.to("cpu", residual_cpu.dtype)
+
+    def assist_post_layer(self, hidden_cpu: torch.Tensor) -> torch.Tensor:
+        self.calls["post_layer"] += 1
+        return greedy(self.model.post_layer(self._in(hidden_cpu))).cpu()
+
+    def assist_fused_final(
+        self, layer: int, attn_out_cpu: torch.Tensor, residual_cpu: torch.Tensor
+    ) -> torch.Tensor:
+        self.calls["fused_final"] += 1
+        h = self.model.post_attn(layer, self._in(attn_out_cpu), self._in(residual_cpu))
+        return greedy(self.model.post_layer(h)).cpu()
+
+
+class CpuExecutor:
+    """Decode steps of CPU batches over the host KV pool (see the module docstring).
+
+    model: a CPU Model, normally `packed.pack_model(...)`'s; host_pool: the host PagedKVPool,
+    whose block ids are the requests' `blocks`; tokens: the token store (the last token of each
+    request is the step's input; as with the GPU executor, the caller appends the sampled
+    tokens after the core's `apply`);
+    assist: Dense Assist for Split-Final and Fused-Assist plans; threads / cores: this
+    executor's thread count and core set.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        host_pool: PagedKVPool,
+        tokens: TokenSource,
+        assist: Assist | None = None,
+        threads: int | None = None,
+        cores: Sequence[int] | None = None,
+        attention_impl: str = "auto",
+    ) -> None:
+        if model.device.type != "cpu":
+            raise ValueError(f"the CPU executor needs a CPU model, got one on {model.device}")
+        if host_pool.device.type != "cpu":
+            raise ValueError(f"the CPU executor needs the host pool, got one on {host_pool.device}")
+        if host_pool.n_layers < model.n_layers:
+            raise ValueError(f"the host pool has {host_pool.n_layers} layers, the model "
+                             f"{model.n_layers}")
+        self.model = model
+        self.pool = host_pool
+        self.tokens = tokens
+        self.assist = assist
+        self.cores = sorted(set(cores)) if cores else None
+        self.threads = threads or (len(self.cores) if self.cores else torch.get_num_threads())
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        self.attention_impl = attention_impl
+        self._configured: set[int] = set()  # thread idents whose threads/affinity are set
+        self.pinned_threads = 0
+        self.steps = 0
+
+    # --- threads and cores ------------------------------------------------------------------
+    def configure_thread(self) -> None:
+        """Apply the thread count and core set to the calling thread (once per thread)."""
+        ident = threading.get_ident()
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+        if ident in self._configured:
+            return
+        if self.cores is not None:
+            if not hasattr(os, "sched_setaffinity"):
+                raise RuntimeError("core affinity needs os.sched_setaffinity (Linux)")
+            os.sched_setaffinity(0, self.cores)  # this thread, and threads it starts later
+            self.pinned_threads = pin_threads(self.cores)  # one core per OpenMP worker
+        self._configured.add(ident)
+
+    def effective_threads(self) -> int:
+        """Threads the attention kernel's parallel regions use from the calling thread."""
+        return omp_threads()
+
+    # --- one decode step ----------------------------------------------------------------------
+    def execute(self, plan: CpuPlan) -> dict[int, int]:
+        """One decode step of every request in plan.batch; returns req_id -> sampled token."""
+        batch = plan.batch
+        if not batch:
+            return {}
+        if plan.route != Route.FULL_CPU and self.assist is None:
+            raise ValueError(f"a {plan.route.value} plan needs Dense Assist, and this executor "
+                             "has none")
+        self.configure_thread()
+        with torch.inference_mode():
+            tokens = self._step(batch, plan.route)
+        self.steps += 1
+        return {r.req_id: t for r, t in zip(batch, tokens, strict=True)}
+
+    def _inputs(self, batch: list[Request]) -> tuple[torch.Tensor, ...]:
+        bs = self.pool.block_size
+        ids, positions, slots, lens = [], [], [], []
+        width = 0
+        for r in batch:
+            g = r.generated
+            if g < 1:
+                raise ValueError(f"request {r.req_id}: a CPU decode needs the first token, "
+                                 "sampled by the prefill")
+            pos = r.prompt_tokens + g - 1  # the input token's position
+            need = pos // bs + 1
+            if len(r.blocks) < need:
+                raise ValueError(f"request {r.req_id}: position {pos} needs {need} host blocks, "
+                                 f"it holds {len(r.blocks)}")
+            ids.append(self.tokens.last(r.req_id))
+            positions.append(pos)
+            slots.append(r.blocks[pos // bs] * bs + pos % bs)
+            lens.append(pos + 1)
+            width = max(width, need)
+        rows = []
+        for r, length in zip(batch, lens, strict=True):
+            row = r.blocks[:-(-length // bs)]
+            rows.append(row + [0] * (width - len(row)))  # padding is never read
+        tables = torch.tensor(rows, dtype=torch.int32)
+        return (torch.tensor(ids), torch.tensor(positions), torch.tensor(slots),
+                tables, torch.tensor(lens, dtype=torch.int32))
+
+    def _step(self, batch: list[Request], route: Route) -> list[int]:
+        m = self.model
+        ids, positions, slots, tables, lens = self._inputs(batch)
+        n = len(batch)
+        h = m.pre_layer(ids)
+        last = m.n_layers - 1
+        for layer in range(m.n_layers):
+            q, k, v = m.pre_attn(layer, h, positions)
+            self.pool.write(layer, slots, k, v)
+            kc, vc = self.pool.layer(layer)
+            o = cpu_paged_decode_attention(q, kc, vc, tables, lens, impl=self.attention_impl,
+                                           validate=layer == 0)  # one table set per step
+            o = o.reshape(n, -1)
+            if route == Route.FUSED_ASSIST:
+                if layer == last:
+                    return _token_list(self.assist.assist_fused_final(layer, o, h))
+                h = self.assist.assist_post_attn(layer, o, h)
+            else:
+                h = m.post_attn(layer, o, h)
+        if route == Route.SPLIT_FINAL:
+            return _token_list(self.assist.assist_post_layer(h))
+        return greedy(m.post_layer(h)).tolist()
