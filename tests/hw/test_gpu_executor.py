@@ -378,3 +378,48 @@ def test_token_store():
         s.add(7, [1])
     s.remove(7)
     assert 7 not in s
+
+
+def test_swapped_out_decoded_on_the_cpu_executor_and_back_gives_the_same_tokens(device):
+    """A request swapped out to the host, decoded there by the CPU executor, and swapped back
+    produces exactly the greedy tokens of the same request staying on the GPU."""
+    from dualpace_hw.cpu_executor import CpuExecutor
+    from dualpace_sim.core.plans import CpuPlan
+    from dualpace_sim.core.routing import Route
+
+    dtype = torch.float32
+    moved, stay = Box("tiny-llama", device, dtype), Box("tiny-llama", device, dtype)
+    for box in (moved, stay):
+        r = box.add(1, PROMPTS[1], max_tokens=12)
+        box.run(box.plan([], [box.chunk(r, 11)]))
+        box.run(box.plan([r]))
+    r = moved.reqs[1]
+    # swap out: the runtime notes the HBM blocks, the core's commit hands host blocks
+    out_plan = GpuPlan(swap_outs=[r])
+    moved.ex.note_swap_outs(out_plan)
+    gpu_ids = list(r.blocks)
+    r.blocks = moved.host.allocate(len(gpu_ids))
+    moved.hbm.release(gpu_ids)
+    moved.ex.migrate(out_plan).wait()
+    # three decode steps on the CPU executor, over the host pool, with a CPU copy of the model
+    cpu_model = Model(moved.shape, ModelWeights.random(moved.shape, seed=1, dtype=dtype))
+    cpu = CpuExecutor(cpu_model, moved.host_pool, moved.tokens, threads=1)
+    for _ in range(3):
+        r.blocks.extend(moved.host.allocate(r.next_blocks(BS)))
+        out = cpu.execute(CpuPlan(batch=[r], route=Route.FULL_CPU))
+        moved.t += 1.0
+        r.emit(moved.t, Owner.CPU)
+        moved.tokens.append(1, out[1])
+    # and back: the swap-in lands in other HBM blocks, then the GPU decodes on
+    in_plan = GpuPlan(swap_ins=[r], decodes=[r])
+    r.source_blocks = r.blocks
+    r.blocks = moved.hbm.allocate(len(r.source_blocks) + r.next_blocks(BS))
+    moved.ex.note_swap_outs(GpuPlan())
+    moved.run(in_plan)
+    moved.ex.swap_handle.wait()
+    for _ in range(2):
+        moved.run(moved.plan([r]))
+    for _ in range(6):
+        stay.run(stay.plan([stay.reqs[1]]))
+    assert moved.tokens.ids(1) == stay.tokens.ids(1)
+    assert bytes(r.token_owners).count(Owner.CPU) == 3
