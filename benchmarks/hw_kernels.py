@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from dualpace_hw.hostinfo import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -48,16 +50,6 @@ GIB = 2**30
 
 
 # ------------------------------------------------------------------------------ the box
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
 
 def box_description() -> dict:
     d = {

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import paged_decode_attention
+from .hostinfo import cpu_flags
 
 log = logging.getLogger("dualpace_hw.cpu_attention")
 
@@ -41,19 +42,9 @@ _lock = threading.Lock()
 _state: dict[str, object] = {"tried": False, "ok": False, "error": None, "build_s": None}
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def _build_name() -> tuple[str, Path]:
     """Module name and build folder, both specific to this CPU's features and this torch."""
-    flags = _cpu_flags()
+    flags = cpu_flags()
     if "avx512_bf16" in flags:
         isa = "avx512bf16"
     elif "avx512f" in flags:

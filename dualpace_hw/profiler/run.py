@@ -17,7 +17,7 @@ from dualpace_sim.costs.fit import fit_controls, with_controls
 from dualpace_sim.costs.profile import Profile
 from dualpace_sim.costs.shapes import ModelShape
 
-from . import box
+from .. import hostinfo as box
 from .grids import Grids
 from .measure import Measurer
 from .timing import Protocol, Timer

@@ -1,5 +1,5 @@
-"""What the box is, for the profile's provenance: CPU and GPU models, cores, AMX, memory,
-torch / CUDA / oneDNN versions."""
+"""What the box is: CPU model and flags, cores, AMX, memory, torch / CUDA / oneDNN versions.
+One place for the profiler's provenance, the kernel builds and the benchmarks."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 def cpu_flags() -> set[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
+            if line.startswith(("flags", "Features")):
                 return set(line.split(":", 1)[1].split())
     except OSError:
         pass
