@@ -15,7 +15,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 @app.callback()
 def _commands() -> None:
-    """Commands: profile (run arrives with the runtime)."""
+    """Commands: profile (measure a box), run (serve a scenario for real)."""
 
 
 def _fail(message: str) -> None:
@@ -57,6 +57,32 @@ def profile(
     typer.echo(f"wrote {out}")
     for name in ("route_p", "route_f", "gpu_token_limit", "cpu_batch_limit"):
         typer.echo(f"{name}={getattr(c, name)}")
+
+
+@app.command()
+def run(
+    scenario: Annotated[Path, typer.Argument(help="scenario YAML (its profile names the model)")],
+    out: Annotated[Path, typer.Option(help="directory for results")],
+    device: Annotated[str, typer.Option(help="'cuda', or 'cpu' for tests")] = "cuda",
+    cpu_cores: Annotated[int | None, typer.Option(help="cores for the CPU engine")] = None,
+) -> None:
+    """Replay SCENARIO's workload in real time against the real runtime (DualPace and vLLM;
+    NEO is simulated only) and write what `dualpace-sim run` writes."""
+    from dualpace_sim.scenario import ScenarioError, load_scenario
+
+    from .runtime import EngineFailure
+    from .serve import run_real
+
+    try:
+        loaded = load_scenario(scenario)
+        summaries = run_real(loaded, out, device, cpu_cores)
+    except (ScenarioError, ValueError, EngineFailure) as e:
+        _fail(str(e))
+    for s in summaries:
+        typer.echo(f"{s['policy']}: completed={s['completed']}/{s['submitted']} "
+                   f"normalized_latency_s={s['normalized_latency_s']:.4g} "
+                   f"p99_ttft_s={s['p99_ttft_s']:.4g} p99_itl_s={s['p99_itl_s']:.4g}")
+    typer.echo(f"results in {out}/")
 
 
 def _command_line(params: dict) -> str:

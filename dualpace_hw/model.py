@@ -67,15 +67,17 @@ class ModelWeights:
         `n_layers` builds fewer layers than the model has: profiling one decoder layer plus the
         pre/post-layer needs no 64 GB model. Scales keep activations O(1) through many layers.
         """
-        g = torch.Generator(device="cpu").manual_seed(seed)
+        # Drawn on the target device: 8 billion values drawn on a CPU take minutes.
+        g = torch.Generator(device=device).manual_seed(seed)
         h, q, kv, i = shape.hidden_size, shape.q_dim, shape.kv_dim, shape.intermediate_size
 
         def mat(rows: int, cols: int) -> torch.Tensor:
-            w = torch.randn(rows, cols, generator=g) / math.sqrt(cols)
-            return w.to(device=device, dtype=dtype)
+            w = torch.randn(rows, cols, generator=g, device=device, dtype=dtype)
+            return w.mul_(1 / math.sqrt(cols))
 
         def norm(n: int) -> torch.Tensor:
-            return (1.0 + 0.1 * torch.randn(n, generator=g)).to(device=device, dtype=dtype)
+            w = torch.randn(n, generator=g, device=device, dtype=dtype)
+            return w.mul_(0.1).add_(1.0)
 
         layers = []
         for _ in range(shape.n_layers if n_layers is None else n_layers):
@@ -85,9 +87,22 @@ class ModelWeights:
                 q_norm=norm(shape.head_dim) if shape.qk_norm else None,
                 k_norm=norm(shape.head_dim) if shape.qk_norm else None,
             ))
-        embed = (torch.randn(shape.vocab_size, h, generator=g)).to(device=device, dtype=dtype)
+        embed = torch.randn(shape.vocab_size, h, generator=g, device=device, dtype=dtype)
         head = embed if shape.tie_word_embeddings else mat(shape.vocab_size, h)
         return cls(embed, layers, norm(h), Dense(head))
+
+    def to(self, device: str | torch.device) -> ModelWeights:
+        """The same weights on another device (the CPU engine's copy of the GPU's model)."""
+        def t(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x.to(device)
+
+        layers = [LayerWeights(t(lw.input_norm), Dense(t(lw.qkv.weight)), Dense(t(lw.o.weight)),
+                               t(lw.post_norm), Dense(t(lw.gate_up.weight)),
+                               Dense(t(lw.down.weight)), t(lw.q_norm), t(lw.k_norm))
+                  for lw in self.layers]
+        embed = t(self.embed)
+        head = embed if self.lm_head.weight is self.embed else t(self.lm_head.weight)
+        return ModelWeights(embed, layers, t(self.final_norm), Dense(head))
 
     @classmethod
     def from_safetensors(

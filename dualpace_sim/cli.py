@@ -139,6 +139,33 @@ def plot(
                + ", ".join(sorted({f.stem for f in report.files})))
 
 
+@app.command()
+def validate(
+    scenario: Annotated[Path, typer.Argument(help="the scenario YAML the real run used")],
+    real: Annotated[Path, typer.Option(
+        "--real", help="directory of a real run (`dualpace-hw run --out DIR`)")],
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="directory for the comparison (default REAL/validation)")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar or table")] = False,
+) -> None:
+    """Simulate SCENARIO for each policy of the real run in REAL and compare them: a table of
+    simulated vs real per metric (validation.csv), the simulated run (sim/) and overlay plots."""
+    from .validate import ValidateError, format_table
+    from .validate import validate as run_validation
+
+    try:
+        result = run_validation(real, scenario, out, progress=not quiet)
+    except (ScenarioError, SimulationStalled, ValidateError) as e:
+        _fail(str(e))
+    if quiet:
+        return
+    typer.echo(format_table(result.table))
+    for line in result.notes:
+        typer.echo(line)
+    typer.echo(f"results in {result.out_dir}/ (validation.csv, sim/, timeline_overlay.png, "
+               f"latency_cdf_overlay.png)")
+
+
 app.add_typer(profile_app, name="profile", help="Inspect a calibration profile and fit its "
               "controls (routing thresholds P/F, GPU token limit, CPU batch limit).")
 

@@ -480,3 +480,57 @@ def plot_compare_dirs(paths: list[Path | str], labels: list[str] | None,
                      target=targets["normalized_latency_s"])
     report.add(out_dir / "compare_sustainable")
     return report
+
+
+# ----------------------------------------------------------------------------- real vs simulated
+
+
+def plot_timeline_overlay(real: dict[str, pd.DataFrame], simulated: dict[str, pd.DataFrame],
+                          out_stem: Path, *, title: str | None = None) -> list[Path]:
+    """Cumulative generated tokens (left) and cumulative CPU-decoded tokens (right) of a real
+    run (solid) and its simulation (dashed), one colour per policy. Time is counted from each
+    run's first arrival, so a runtime whose clock starts elsewhere still lines up. Writes
+    ``out_stem``.png and .pdf and returns their paths."""
+    fig, (total_ax, cpu_ax) = _figure()
+    colors = _policy_colors(dict.fromkeys([*real, *simulated]))
+    for kind, frames, ls in (("real", real, "-"), ("simulated", simulated, "--")):
+        for policy, df in frames.items():
+            if not len(df):
+                continue
+            timeline = token_timeline(df)
+            t = timeline["time_s"] - float(df["arrival_s"].min())
+            style = dict(color=colors[policy], ls=ls, label=f"{policy} ({kind})")
+            total_ax.plot(t, timeline["total_tokens"], **style)
+            cpu_ax.plot(t, timeline["cpu_tokens"], **style)
+    total_ax.set(xlabel="time since first arrival (s)", ylabel="generated tokens (cumulative)",
+                 title="Generated tokens")
+    cpu_ax.set(xlabel="time since first arrival (s)", ylabel="CPU-decoded tokens (cumulative)",
+               title="CPU-resident decoded tokens")
+    if title:
+        fig.suptitle(title)
+    return _save(fig, out_stem)
+
+
+def plot_latency_cdf_overlay(real: dict[str, pd.DataFrame], simulated: dict[str, pd.DataFrame],
+                             out_stem: Path, *, title: str | None = None) -> list[Path]:
+    """CDFs of TTFT (left) and inter-token latency (right) of a real run (solid) and its
+    simulation (dashed), one colour per policy; log-scaled x where the latencies span decades.
+    Writes ``out_stem``.png and .pdf and returns their paths."""
+    fig, (ttft_ax, itl_ax) = _figure()
+    colors = _policy_colors(dict.fromkeys([*real, *simulated]))
+    ttfts, itls = [], []
+    for kind, frames, ls in (("real", real, "-"), ("simulated", simulated, "--")):
+        for policy, df in frames.items():
+            ttft, itl = ttft_values(df), itl_values(df)
+            style = dict(color=colors[policy], ls=ls, label=f"{policy} ({kind})")
+            ttft_ax.plot(*_cdf(ttft), **style)
+            itl_ax.plot(*_cdf(itl), **style)
+            ttfts.append(ttft)
+            itls.append(itl)
+    _log_if_decades(ttft_ax, ttfts, axis="x")
+    _log_if_decades(itl_ax, itls, axis="x")
+    ttft_ax.set(xlabel="time to first token (s)", ylabel="fraction of requests", title="TTFT")
+    itl_ax.set(xlabel="inter-token latency (s)", ylabel="fraction of token gaps", title="ITL")
+    if title:
+        fig.suptitle(title)
+    return _save(fig, out_stem)

@@ -1,0 +1,298 @@
+"""The real dual-engine runtime: the core's schedulers driving the executors on a real box.
+
+Design (measured independent, see `measure_independence`): one process, three threads. The GPU
+engine thread and the CPU engine thread each loop schedule -> commit -> execute -> apply over
+the shared core state, with no iteration barrier; they take a lock only for the core's
+schedule/commit and apply steps (microseconds), never while executing. Execution releases the
+GIL where it matters: the CPU engine spends its time inside oneDNN and the C++ attention kernel,
+and the GPU engine mostly waits on CUDA. Dense Assist goes CPU-Ready -> GPU-Running -> GPU-Done
+through `AssistChannel` and is serviced by the GPU thread at stage boundaries only (or at once
+when it is idle). A load-generator thread submits requests at their arrival times.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from dualpace_sim.core import (
+    CpuResult,
+    CpuScheduler,
+    EngineState,
+    GpuResult,
+    GpuScheduler,
+    Request,
+    SchedulerConfig,
+    assist_reachable,
+)
+from dualpace_sim.core.vllm import VllmConfig, VllmScheduler
+
+from .cpu_executor import CpuExecutor
+from .gpu_executor import GpuExecutor
+from .kv import PagedKVPool
+from .model import Model
+from .tokens import TokenStore
+
+
+class EngineFailure(RuntimeError):
+    """An engine thread failed; the message names it and the others stopped."""
+
+
+class AssistChannel:
+    """Dense Assist hand-off between the CPU engine (caller) and the GPU engine (server).
+
+    The CPU side duck-types the executor's assist interface; each call publishes a request
+    (CPU-Ready), the GPU thread picks it up at its next stage boundary (GPU-Running), and the
+    caller resumes when the result is published (GPU-Done)."""
+
+    def __init__(self, wake, stopped) -> None:
+        self._wake, self._stopped = wake, stopped
+        self.state = "idle"
+        self._request: tuple | None = None
+        self._result = None
+        self._done = threading.Event()
+        self.calls = 0
+
+    def _call(self, kind: str, *args):
+        self._done.clear()
+        self._request = (kind, args)
+        self.state = "CPU-Ready"
+        self._wake()
+        while not self._done.wait(0.05):
+            if self._stopped():
+                raise EngineFailure("stopped while waiting for a Dense Assist")
+        self.state = "idle"
+        return self._result
+
+    def assist_post_attn(self, layer, attn_out, residual):
+        return self._call("p", layer, attn_out, residual)
+
+    def assist_fused_final(self, layer, attn_out, residual):
+        return self._call("lA", layer, attn_out, residual)
+
+    def assist_post_layer(self, hidden):
+        return self._call("lS", hidden)
+
+    def serve(self, ex: GpuExecutor) -> bool:
+        """GPU side: run a ready request, if any; True when one was served."""
+        if self.state != "CPU-Ready":
+            return False
+        self.state = "GPU-Running"
+        kind, args = self._request
+        name = {"p": "assist_post_attn", "lA": "assist_fused_final", "lS": "assist_post_layer"}
+        self._result = getattr(ex, name[kind])(*args)
+        self.calls += 1
+        self.state = "GPU-Done"
+        self._done.set()
+        return True
+
+
+@dataclass
+class RunStats:
+    gpu_rounds: int = 0
+    cpu_rounds: int = 0
+    assist_calls: int = 0
+    cpu_busy_s: float = 0.0
+    gpu_busy_s: float = 0.0
+    wall_s: float = 0.0
+    routes: dict[str, int] = field(default_factory=dict)
+
+
+def prompt_ids(req_id: int, n: int, vocab: int) -> list[int]:
+    """Deterministic synthetic prompt token ids (timing does not depend on values)."""
+    g = torch.Generator().manual_seed(req_id)
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+class _Engines:
+    """Shared plumbing: clock, lock, wake-ups, stop, failure propagation, arrivals."""
+
+    def __init__(self, specs: Sequence, block_size: int, vocab: int) -> None:
+        self.requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens,
+                                        block_size) for i, s in enumerate(specs)]
+        self.tokens = TokenStore()
+        self.vocab = vocab
+        self.lock = threading.Lock()
+        self.work = threading.Condition(self.lock)
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.t0 = 0.0
+        self.stats = RunStats()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def wake(self) -> None:
+        with self.work:
+            self.work.notify_all()
+
+    def _guard(self, name: str, body) -> None:
+        try:
+            body()
+        except BaseException as e:  # noqa: BLE001 - reported to the main thread
+            if self.error is None:
+                self.error = EngineFailure(f"{name} engine failed: {type(e).__name__}: {e}")
+                self.error.__cause__ = e
+            self.stop.set()
+            self.wake()
+
+    def _arrivals(self, submit) -> None:
+        for r in self.requests:
+            delay = r.arrival_s - self.now()
+            if delay > 0 and self.stop.wait(delay):
+                return
+            self.tokens.add(r.req_id, prompt_ids(r.req_id, r.prompt_tokens, self.vocab))
+            with self.work:
+                submit(r)
+                self.work.notify_all()
+
+    def run(self, loops: dict[str, object], submit, finished) -> list[Request]:
+        threads = [threading.Thread(target=self._guard, args=(n, f), name=n, daemon=True)
+                   for n, f in loops.items()]
+        threads.append(threading.Thread(target=self._guard, name="arrivals", daemon=True,
+                                        args=("load generator", lambda: self._arrivals(submit))))
+        self.t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        try:
+            while any(t.is_alive() for t in threads):
+                if len(finished()) == len(self.requests) or self.stop.is_set():
+                    self.stop.set()
+                    self.wake()
+                for t in threads:
+                    t.join(0.05)
+        except KeyboardInterrupt:
+            self.stop.set()
+            self.wake()
+            for t in threads:
+                t.join(5)
+            raise
+        self.stats.wall_s = self.now()
+        if self.error is not None:
+            raise self.error
+        return self.requests
+
+
+class DualPaceRuntime(_Engines):
+    """GPU engine + CPU engine over the shared core state."""
+
+    def __init__(self, specs: Sequence, config: SchedulerConfig, gpu_model: Model,
+                 cpu_model: Model, gpu_pool: PagedKVPool, host_pool: PagedKVPool,
+                 cpu_threads: int | None = None, cpu_cores: Sequence[int] | None = None) -> None:
+        super().__init__(specs, config.block_size, gpu_model.shape.vocab_size)
+        self.state = EngineState(config)
+        self.gpu_sched, self.cpu_sched = GpuScheduler(self.state), CpuScheduler(self.state)
+        self.stage_mode = assist_reachable(config.largest_cpu_batch, config.route_f)
+        self.channel = AssistChannel(self.wake, self.stop.is_set)
+        self.gpu = GpuExecutor(gpu_model, gpu_pool, self.tokens, host_pool)
+        self.cpu = CpuExecutor(cpu_model, host_pool, self.tokens, assist=self.channel,
+                               threads=cpu_threads, cores=cpu_cores)
+
+    def serve(self) -> list[Request]:
+        return self.run({"GPU": self._gpu_loop, "CPU": self._cpu_loop}, self.state.submit,
+                        lambda: self.state.finished)
+
+    def _idle_wait(self) -> None:
+        with self.work:
+            if not self.stop.is_set() and self.channel.state != "CPU-Ready":
+                self.work.wait(0.01)
+
+    def _gpu_loop(self) -> None:
+        st, sched, ex = self.state, self.gpu_sched, self.gpu
+        while not self.stop.is_set():
+            self.channel.serve(ex)
+            with self.lock:
+                plan = sched.schedule()
+                if not (plan.wait_for_copies or plan.is_empty):
+                    ex.note_swap_outs(plan)
+                    sched.commit(plan)
+            if plan.wait_for_copies:
+                while not ex.copies_done():
+                    self.channel.serve(ex)
+                    time.sleep(0.0002)
+                with self.work:
+                    st.complete_copy_group(self.now())
+                    self.work.notify_all()
+                continue
+            if plan.is_empty:
+                self._idle_wait()
+                continue
+            self.stats.gpu_rounds += 1
+            start = time.perf_counter()
+            tokens: dict[int, int] = {}
+            if plan.has_forward:
+                fw = ex.stages(plan)
+                for stage in fw:
+                    stage()
+                    if self.stage_mode:
+                        self.channel.serve(ex)  # stage boundary: a ready assist goes first
+                tokens = fw.result()
+            elif plan.has_migrations:
+                ex.migrate(plan)
+            if ex.swap_handle is not None and plan.has_migrations:
+                ex.swap_handle.wait()
+            self.stats.gpu_busy_s += time.perf_counter() - start
+            with self.work:
+                st.complete_migrations(plan.swap_outs, plan.swap_ins, self.now())
+                if plan.has_forward:
+                    sched.apply(plan, GpuResult(self.now(), tokens))
+                    for req_id, tok in tokens.items():
+                        self.tokens.append(req_id, tok)
+                self.work.notify_all()
+
+    def _cpu_loop(self) -> None:
+        sched = self.cpu_sched
+        while not self.stop.is_set():
+            with self.work:
+                plan = sched.schedule()
+                sched.commit(plan)
+                if plan.held_back or plan.admitted:
+                    self.work.notify_all()
+                if plan.is_empty:
+                    self.work.wait(0.01)
+                    continue
+            self.stats.cpu_rounds += 1
+            routes = self.stats.routes
+            routes[plan.route.value] = routes.get(plan.route.value, 0) + 1
+            start = time.perf_counter()
+            tokens = self.cpu.execute(plan)
+            self.stats.cpu_busy_s += time.perf_counter() - start
+            with self.work:
+                sched.apply(plan, CpuResult(self.now(), tokens))
+                for req_id, tok in tokens.items():
+                    self.tokens.append(req_id, tok)
+                self.work.notify_all()
+        self.stats.assist_calls = self.channel.calls
+
+
+class VllmRuntime(_Engines):
+    """vLLM's single GPU engine on the same executor."""
+
+    def __init__(self, specs: Sequence, config: VllmConfig, gpu_model: Model,
+                 gpu_pool: PagedKVPool) -> None:
+        super().__init__(specs, config.block_size, gpu_model.shape.vocab_size)
+        self.sched = VllmScheduler(config)
+        self.gpu = GpuExecutor(gpu_model, gpu_pool, self.tokens)
+
+    def serve(self) -> list[Request]:
+        return self.run({"GPU": self._loop}, self.sched.submit, lambda: self.sched.finished)
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            with self.work:
+                plan = self.sched.schedule(self.now())
+                if not plan.has_forward:
+                    self.work.wait(0.01)
+                    continue
+            self.stats.gpu_rounds += 1
+            start = time.perf_counter()
+            tokens = self.gpu.execute(plan)
+            self.stats.gpu_busy_s += time.perf_counter() - start
+            with self.work:
+                self.sched.apply(plan, GpuResult(self.now(), tokens))
+                for req_id, tok in tokens.items():
+                    self.tokens.append(req_id, tok)

@@ -1,0 +1,70 @@
+"""`dualpace-hw run`: replay a scenario's workload against the real runtime and write what
+`dualpace-sim run` writes (requests.parquet, summary.json, timeline), so the simulator's
+metrics, plots and `dualpace-sim validate` read both."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from dualpace_sim.metrics import summarize
+from dualpace_sim.plots import plot_timeline
+from dualpace_sim.records import records_frame, write_records
+from dualpace_sim.runner import _json_safe
+from dualpace_sim.scenario import LoadedScenario
+
+from .kv import PagedKVPool
+from .model import Model, ModelWeights
+from .packed import pack_model
+from .runtime import DualPaceRuntime, VllmRuntime
+
+REAL_POLICIES = ("dualpace", "vllm")
+
+
+def build_runtime(loaded: LoadedScenario, policy: str, device: str, cpu_cores: int | None,
+                  seed: int = 0):
+    """Models with identical weights on the GPU and the CPU, pools sized like the scenario's."""
+    shape, config = loaded.profile.model, loaded.policy_config(policy)
+    weights = ModelWeights.random(shape, seed=seed, device=device)
+    gpu_model = Model(shape, weights)
+    gpu_pool = PagedKVPool(shape, config.gpu_kv_blocks, config.block_size, device=device)
+    if policy == "vllm":
+        return VllmRuntime(loaded.requests, config, gpu_model, gpu_pool)
+    cpu_model = pack_model(Model(shape, weights.to("cpu")))
+    host_pool = PagedKVPool(shape, config.host_kv_blocks, config.block_size, device="cpu",
+                            pin_memory=device != "cpu")
+    cores = list(range(cpu_cores)) if cpu_cores else None
+    return DualPaceRuntime(loaded.requests, config, gpu_model, cpu_model, gpu_pool, host_pool,
+                           cpu_cores=cores)
+
+
+def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
+             cpu_cores: int | None = None) -> list[dict]:
+    """Run every policy the runtime has for real; write results after each one."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("no CUDA device: run on a GPU box, or pass --device cpu (tests)")
+    out.mkdir(parents=True, exist_ok=True)
+    frames: dict[str, pd.DataFrame] = {}
+    summaries = []
+    for policy in loaded.spec.policies:
+        if policy not in REAL_POLICIES:
+            print(f"{policy}: simulated only (the real runtime runs {', '.join(REAL_POLICIES)})")
+            continue
+        runtime = build_runtime(loaded, policy, device, cpu_cores)
+        requests = runtime.serve()
+        frame = records_frame(requests, policy)
+        frames[policy] = frame
+        summaries.append({
+            "scenario": loaded.spec.name, "policy": policy, "rate": loaded.spec.workload.rate,
+            **summarize(frame), "real": True, "device": device,
+            "engine": asdict(runtime.stats),
+        })
+        write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet")
+        (out / "summary.json").write_text(json.dumps(_json_safe(summaries), indent=2) + "\n")
+    if frames:
+        plot_timeline(frames, out / "timeline")
+    return summaries

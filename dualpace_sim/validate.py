@@ -1,0 +1,277 @@
+"""`dualpace-sim validate`: the simulator checked against a real run of the same scenario.
+
+A real run directory (what ``dualpace-hw run SCENARIO --out DIR`` writes, the same files as
+``dualpace-sim run``: ``requests.parquet`` and ``summary.json``) is compared with a simulation
+of the same scenario (same workload, seed, rate and calibration profile) for each policy the
+real run has. Both sides' metrics are computed from their per-request records by the same
+:func:`dualpace_sim.metrics.summarize`, so a difference is the simulator's, never a difference
+in metric definitions; ``summary.json`` gives the policies and is checked against the records.
+
+Outputs, under OUTDIR (default ``DIR/validation``):
+
+* ``validation.csv`` — one row per (policy, metric): simulated, real and the relative error
+  (simulated − real) / real;
+* ``sim/requests.parquet`` and ``sim/summary.json`` — the simulated run, as ``dualpace-sim run``
+  writes it (``dualpace-sim plot OUTDIR/sim`` draws it);
+* ``timeline_overlay`` and ``latency_cdf_overlay`` (PNG and PDF) — cumulative generated and
+  CPU-decoded tokens, and TTFT / ITL CDFs, real solid vs simulated dashed, per policy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from .metrics import summarize
+from .plots import plot_latency_cdf_overlay, plot_timeline_overlay
+from .records import read_records, write_records
+from .runner import _json_safe, simulate
+from .scenario import LoadedScenario, load_scenario
+
+METRICS = (
+    "normalized_latency_s",
+    "mean_ttft_s",
+    "p50_ttft_s",
+    "p99_ttft_s",
+    "p99_itl_s",
+    "p99_tpot_s",
+    "throughput_tok_s",
+    "cpu_token_fraction",
+    "makespan_s",
+)
+COLUMNS = ("policy", "metric", "simulated", "real", "relative_error")
+
+# A summary.json value further than this (relative) from what its own records give is reported.
+SUMMARY_RTOL = 1e-6
+
+
+class ValidateError(ValueError):
+    """Inputs that cannot be validated; the message is one line naming the file and the fix."""
+
+
+@dataclass
+class RealRun:
+    """A real (or any ``run``-format) result directory, split by policy in the run's order."""
+
+    path: Path
+    summaries: dict[str, dict]
+    frames: dict[str, pd.DataFrame]
+
+
+@dataclass
+class ValidationResult:
+    """What :func:`validate` computed and wrote."""
+
+    table: pd.DataFrame  # columns COLUMNS, rows in (policy, METRICS) order
+    out_dir: Path
+    files: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # warnings and facts worth printing
+
+
+def read_real_run(path: Path | str) -> RealRun:
+    """Read DIR/summary.json and DIR/requests.parquet; ValidateError (one line) if either is
+    missing or unreadable, or if they disagree on the policies run."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ValidateError(f"{path}: no such directory; give the --out directory of "
+                            "`dualpace-hw run` (or `dualpace-sim run`)")
+    summary_path, records_path = path / "summary.json", path / "requests.parquet"
+    for f in (summary_path, records_path):
+        if not f.is_file():
+            raise ValidateError(f"{path}: no {f.name}; give the --out directory of "
+                                "`dualpace-hw run` (it writes requests.parquet and summary.json)")
+    try:
+        raw = json.loads(summary_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValidateError(f"{summary_path}: not valid JSON ({e})") from None
+    if (not isinstance(raw, list) or not raw
+            or not all(isinstance(s, dict) and isinstance(s.get("policy"), str) for s in raw)):
+        raise ValidateError(f"{summary_path}: expected a non-empty JSON list of objects with a "
+                            "'policy', as `dualpace-sim run` writes")
+    summaries: dict[str, dict] = {}
+    for s in raw:
+        if s["policy"] in summaries:
+            raise ValidateError(f"{summary_path}: policy {s['policy']!r} appears twice")
+        summaries[s["policy"]] = s
+    try:
+        records = read_records(records_path)
+    except (ValueError, OSError, pa.ArrowException) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValidateError(first if str(records_path) in first
+                            else f"{records_path}: {first}") from None
+    frames = {str(p): df.reset_index(drop=True)
+              for p, df in records.groupby("policy", sort=False)}
+    for policy in summaries:
+        if policy not in frames:
+            raise ValidateError(f"{path}: summary.json has policy {policy!r} but "
+                                f"requests.parquet has no rows for it")
+    for policy in frames:
+        if policy not in summaries:
+            raise ValidateError(f"{path}: requests.parquet has rows of policy {policy!r} but "
+                                f"summary.json does not list it")
+    return RealRun(path, summaries, {p: frames[p] for p in summaries})
+
+
+def check_against_scenario(real: RealRun, loaded: LoadedScenario) -> list[str]:
+    """ValidateError if the real run is not a run of this scenario (a policy it does not list,
+    another rate, other requests); returns notes on smaller differences (arrival jitter, a
+    summary.json value its own records do not give)."""
+    spec, scenario = loaded.spec, loaded.path
+    listed = ", ".join(spec.policies)
+    for policy in real.summaries:
+        if policy not in spec.policies:
+            raise ValidateError(f"{real.path}: ran policy {policy!r}, which {scenario} does not "
+                                f"list (policies: {listed}); validate against the scenario the "
+                                f"run used")
+    rate = spec.workload.rate
+    notes = [f"note: {scenario} also lists {policy}, which {real.path} did not run; left out"
+             for policy in spec.policies if policy not in real.summaries]
+    for policy, summary in real.summaries.items():
+        real_rate = summary.get("rate")
+        if (isinstance(real_rate, int | float) and isinstance(rate, int | float)
+                and not math.isclose(real_rate, rate, rel_tol=1e-9)):
+            raise ValidateError(f"{real.path}: {policy} ran at {real_rate:g} req/s but {scenario} "
+                                f"offers {rate:g} req/s; validate against the scenario the run "
+                                f"used")
+        name = summary.get("scenario")
+        if isinstance(name, str) and name != spec.name:
+            notes.append(f"note: {real.path} is named {name!r}, the scenario {spec.name!r}")
+        notes += _check_requests(real.path, policy, real.frames[policy], loaded)
+        notes += _check_summary(policy, summary, real.frames[policy])
+    return notes
+
+
+def _check_requests(path: Path, policy: str, df: pd.DataFrame,
+                    loaded: LoadedScenario) -> list[str]:
+    specs = loaded.requests
+    fix = f"validate against the scenario the run used ({loaded.path} has another workload)"
+    if len(df) != len(specs):
+        raise ValidateError(f"{path}: {policy} has {len(df)} requests but the scenario's "
+                            f"workload has {len(specs)}; {fix}")
+    ids = df["request_id"].to_numpy(dtype=np.int64)
+    if not np.array_equal(np.sort(ids), np.arange(len(specs))):
+        raise ValidateError(f"{path}: {policy}'s request ids are not 0..{len(specs) - 1}; {fix}")
+    df = df.iloc[np.argsort(ids, kind="stable")]
+    for column, attr in (("prompt_tokens", "prompt_tokens"), ("max_tokens", "max_tokens")):
+        want = np.fromiter((getattr(s, attr) for s in specs), dtype=np.int64, count=len(specs))
+        got = df[column].to_numpy(dtype=np.int64)
+        bad = np.flatnonzero(got != want)
+        if bad.size:
+            i = int(bad[0])
+            raise ValidateError(f"{path}: {policy}'s request {i} has {column} {got[i]}, the "
+                                f"scenario's {want[i]} ({bad.size} requests differ); {fix}")
+    want = np.fromiter((s.arrival_s for s in specs), dtype=float, count=len(specs))
+    got = df["arrival_s"].to_numpy(dtype=float)
+    drift = np.abs((got - got.min()) - (want - want.min()))
+    notes = []
+    if drift.max() > 1e-9:
+        notes.append(f"note: {policy}'s real arrivals deviate from the scenario's by up to "
+                     f"{drift.max() * 1e3:.3g} ms (mean {drift.mean() * 1e3:.3g} ms, counted "
+                     f"from the first arrival)")
+    incomplete = int((df["n_tokens"] != df["max_tokens"]).sum())
+    if incomplete:
+        notes.append(f"warning: {policy}: {incomplete} of {len(df)} real requests did not "
+                     f"produce all their tokens")
+    return notes
+
+
+def _check_summary(policy: str, summary: dict, df: pd.DataFrame) -> list[str]:
+    recomputed = summarize(df)
+    differ = []
+    for metric in METRICS:
+        given = summary.get(metric)
+        if not isinstance(given, int | float) or isinstance(given, bool):
+            continue
+        mine = recomputed[metric]
+        if not math.isclose(given, mine, rel_tol=SUMMARY_RTOL, abs_tol=1e-12):
+            differ.append(f"{metric} {given:.4g} vs {mine:.4g}")
+    if not differ:
+        return []
+    shown = "; ".join(differ[:3]) + ("; ..." if len(differ) > 3 else "")
+    return [f"warning: {policy}: summary.json disagrees with its own records on "
+            f"{len(differ)} metric(s) ({shown}); the table uses the records"]
+
+
+def relative_error(simulated: float, real: float) -> float:
+    """(simulated − real) / real; 0 when both are 0, ±inf when only the real value is 0, NaN
+    when either is undefined."""
+    if math.isnan(simulated) or math.isnan(real):
+        return math.nan
+    if real == 0:
+        return 0.0 if simulated == 0 else math.copysign(math.inf, simulated)
+    return (simulated - real) / real
+
+
+def compare(real: dict[str, pd.DataFrame], simulated: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """The validation table: one row per (policy, metric) of :data:`METRICS`, for each policy of
+    ``real`` (in its order), both sides summarized from their records."""
+    rows = []
+    for policy, real_df in real.items():
+        r, s = summarize(real_df), summarize(simulated[policy])
+        for metric in METRICS:
+            sim_v, real_v = float(s[metric]), float(r[metric])
+            rows.append((policy, metric, sim_v, real_v, relative_error(sim_v, real_v)))
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def format_table(table: pd.DataFrame) -> str:
+    """The validation table as aligned text (values to 4 significant digits, errors in %)."""
+    def num(v: float) -> str:
+        return "n/a" if math.isnan(v) else f"{v:.4g}"
+
+    def pct(v: float) -> str:
+        return "n/a" if math.isnan(v) else f"{v:+.1%}" if math.isfinite(v) else f"{v:+}"
+
+    header = ("policy", "metric", "simulated", "real", "rel. error")
+    body = [(str(r.policy), str(r.metric), num(r.simulated), num(r.real), pct(r.relative_error))
+            for r in table.itertuples(index=False)]
+    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+    lines = []
+    for row in [header, *body]:
+        left = [c.ljust(w) for c, w in zip(row[:2], widths[:2], strict=True)]
+        right = [c.rjust(w) for c, w in zip(row[2:], widths[2:], strict=True)]
+        lines.append("  ".join(left + right).rstrip())
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def validate(real_dir: Path | str, scenario: Path | str, out_dir: Path | str | None = None,
+             progress: bool = False) -> ValidationResult:
+    """Simulate ``scenario`` for each policy of the real run in ``real_dir``, compare, and write
+    validation.csv, sim/{requests.parquet,summary.json} and the overlay plots to ``out_dir``
+    (default ``real_dir``/validation).
+
+    Raises ValidateError (bad real directory or a mismatch with the scenario), ScenarioError
+    (bad scenario) or SimulationStalled (the simulator cannot serve the load).
+    """
+    real = read_real_run(real_dir)
+    loaded = load_scenario(scenario)
+    notes = check_against_scenario(real, loaded)
+    out = Path(out_dir) if out_dir is not None else real.path / "validation"
+
+    sim_frames: dict[str, pd.DataFrame] = {}
+    sim_summaries: list[dict] = []
+    for policy in real.frames:
+        frame, summary = simulate(loaded, policy, progress)
+        sim_frames[policy] = frame
+        sim_summaries.append(summary)
+    sim_dir = out / "sim"
+    sim_dir.mkdir(parents=True, exist_ok=True)
+    write_records(pd.concat(sim_frames.values(), ignore_index=True), sim_dir / "requests.parquet")
+    (sim_dir / "summary.json").write_text(json.dumps(_json_safe(sim_summaries), indent=2) + "\n")
+
+    table = compare(real.frames, sim_frames)
+    table.to_csv(out / "validation.csv", index=False)
+    files = [out / "validation.csv", sim_dir / "requests.parquet", sim_dir / "summary.json"]
+    name = f"{loaded.spec.name}: real (solid) vs simulated (dashed)"
+    files += plot_timeline_overlay(real.frames, sim_frames, out / "timeline_overlay",
+                                   title=f"{name}, token progress")
+    files += plot_latency_cdf_overlay(real.frames, sim_frames, out / "latency_cdf_overlay",
+                                      title=f"{name}, latency CDFs")
+    return ValidationResult(table, out, files, notes)

@@ -1,0 +1,218 @@
+"""`dualpace-sim validate`: the simulator against a real run of the same scenario.
+
+The "real" run here is the simulator's own `run` output, so an unperturbed comparison must give
+zero error everywhere (the simulator is deterministic), and a perturbed one errors of known sign.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from dualpace_sim.cli import app
+from dualpace_sim.records import read_records, write_records
+from dualpace_sim.runner import run_scenario
+from dualpace_sim.validate import (
+    COLUMNS,
+    METRICS,
+    format_table,
+    relative_error,
+    validate,
+)
+
+runner = CliRunner()
+
+# A small pool of HBM, so that DualPace decodes on the CPU and vLLM queues: every metric is live.
+FIELDS = dict(
+    policies=["dualpace", "vllm"],
+    vllm={"max_num_batched_tokens": 2048, "max_num_seqs": 256},
+    scheduler={"gpu_kv_blocks": 300},
+    workload={"num_requests": 40, "rate": 8.0},
+)
+
+
+@pytest.fixture
+def real_run(write_scenario, tmp_path):
+    """(scenario path, directory written as `dualpace-sim run` writes it)."""
+    scenario = write_scenario(**FIELDS)
+    real = tmp_path / "real"
+    run_scenario(scenario, real, progress=False)
+    return scenario, real
+
+
+def invoke(*args: str):
+    return runner.invoke(app, ["validate", *map(str, args)])
+
+
+def test_same_scenario_gives_zero_error(real_run, tmp_path):
+    scenario, real = real_run
+    result = invoke("--real", real, scenario)
+    assert result.exit_code == 0, result.output
+    out = real / "validation"  # the default
+    table = pd.read_csv(out / "validation.csv")
+    assert tuple(table.columns) == COLUMNS
+    assert list(table["policy"].unique()) == ["dualpace", "vllm"]
+    assert list(table["metric"]) == list(METRICS) * 2
+    assert (table["relative_error"] == 0).all(), table
+    assert (table["simulated"] == table["real"]).all()
+    cpu = table[(table["policy"] == "dualpace") & (table["metric"] == "cpu_token_fraction")]
+    assert cpu["real"].item() > 0  # the CPU tier really was exercised
+    # the simulated run is written as `run` writes it, and equals the "real" one
+    sim = read_records(out / "sim" / "requests.parquet")
+    pd.testing.assert_frame_equal(sim, read_records(real / "requests.parquet"))
+    summary = json.loads((out / "sim" / "summary.json").read_text())
+    assert [s["policy"] for s in summary] == ["dualpace", "vllm"]
+    for stem in ("timeline_overlay", "latency_cdf_overlay"):
+        for ext in (".png", ".pdf"):
+            assert (out / f"{stem}{ext}").stat().st_size > 0
+    lines = result.output.splitlines()
+    assert lines[0].split() == ["policy", "metric", "simulated", "real", "rel.", "error"]
+    assert sum("+0.0%" in line for line in lines) == 2 * len(METRICS)
+    assert "warning" not in result.output and "note" not in result.output
+
+
+def test_out_option_and_quiet(real_run, tmp_path):
+    scenario, real = real_run
+    result = invoke("--real", real, scenario, "--out", tmp_path / "v", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert result.output == ""
+    assert (tmp_path / "v" / "validation.csv").is_file()
+    assert not (real / "validation").exists()
+
+
+def _slow_down(df: pd.DataFrame, factor: float) -> pd.DataFrame:
+    """Every token `factor` times later after its request's arrival (arrivals unchanged)."""
+    df = df.copy()
+    df["token_times_s"] = [a + factor * (np.asarray(t) - a)
+                           for a, t in zip(df["arrival_s"], df["token_times_s"], strict=True)]
+    df["first_token_s"] = [t[0] for t in df["token_times_s"]]
+    df["finish_s"] = [t[-1] for t in df["token_times_s"]]
+    return df
+
+
+def test_slower_real_run_gives_errors_of_the_right_sign(real_run, tmp_path):
+    scenario, real = real_run
+    write_records(_slow_down(read_records(real / "requests.parquet"), 1.1),
+                  real / "requests.parquet")
+    result = validate(real, scenario, tmp_path / "v")
+    err = {(r.policy, r.metric): r.relative_error for r in result.table.itertuples()}
+    for policy in ("dualpace", "vllm"):
+        # latencies scale by exactly 1.1: the simulator is 1/1.1 - 1 = -9.1% off
+        for metric in ("normalized_latency_s", "mean_ttft_s", "p50_ttft_s", "p99_ttft_s",
+                       "p99_itl_s", "p99_tpot_s"):
+            assert err[policy, metric] == pytest.approx(1 / 1.1 - 1, rel=1e-9), metric
+        assert 0 < err[policy, "throughput_tok_s"] < 0.1 + 1e-9  # real is slower
+        assert -1 / 11 - 1e-9 < err[policy, "makespan_s"] < 0
+        assert err[policy, "cpu_token_fraction"] == 0
+    # summary.json was left as it was: it no longer matches its records, and that is said
+    assert any(n.startswith("warning: dualpace: summary.json disagrees") for n in result.notes)
+    csv = pd.read_csv(tmp_path / "v" / "validation.csv")
+    assert (csv["relative_error"].to_numpy() == result.table["relative_error"].to_numpy()).all()
+
+
+def test_shifted_arrivals_are_a_note_not_an_error(real_run, tmp_path):
+    scenario, real = real_run
+    df = read_records(real / "requests.parquet")
+    df["arrival_s"] = df["arrival_s"] + np.where(df["request_id"] == 3, 0.002, 0.0)
+    write_records(df, real / "requests.parquet")
+    result = invoke("--real", real, scenario, "--out", tmp_path / "v")
+    assert result.exit_code == 0, result.output
+    assert "note: dualpace's real arrivals deviate from the scenario's by up to 2 ms" \
+        in result.output
+
+
+def _one_line_error(result, *patterns: str) -> str:
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith("error: ")
+    for p in patterns:
+        assert p in lines[0], lines[0]
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize("missing", ["summary.json", "requests.parquet", "."])
+def test_missing_real_files_are_one_line(real_run, missing):
+    scenario, real = real_run
+    if missing == ".":
+        real = real / "nope"
+    else:
+        (real / missing).unlink()
+    _one_line_error(invoke("--real", real, scenario), str(real),
+                    "no such directory" if missing == "." else f"no {missing}")
+
+
+def test_unreadable_real_files_are_one_line(real_run):
+    scenario, real = real_run
+    (real / "summary.json").write_text("{not json")
+    _one_line_error(invoke("--real", real, scenario), "summary.json: not valid JSON")
+    (real / "summary.json").write_text("[]")
+    _one_line_error(invoke("--real", real, scenario), "expected a non-empty JSON list")
+    (real / "summary.json").write_text(json.dumps([{"policy": "dualpace"}]))
+    _one_line_error(invoke("--real", real, scenario),
+                    "requests.parquet has rows of policy 'vllm' but summary.json does not")
+    (real / "requests.parquet").write_bytes(b"not parquet")
+    _one_line_error(invoke("--real", real, scenario), "requests.parquet")
+
+
+def test_policy_not_in_scenario_is_one_line(real_run, write_scenario):
+    _, real = real_run
+    other = write_scenario("dualpace-only.yaml", **{**FIELDS, "policies": ["dualpace"]})
+    _one_line_error(invoke("--real", real, other), "ran policy 'vllm'", str(other))
+
+
+def test_scenario_policy_without_a_real_run_is_left_out(real_run, tmp_path):
+    scenario, real = real_run
+    df = read_records(real / "requests.parquet")
+    write_records(df[df["policy"] == "vllm"], real / "requests.parquet")
+    summary = json.loads((real / "summary.json").read_text())
+    (real / "summary.json").write_text(json.dumps([s for s in summary if s["policy"] == "vllm"]))
+    result = invoke("--real", real, scenario, "--out", tmp_path / "v")
+    assert result.exit_code == 0, result.output
+    assert "also lists dualpace, which" in result.output
+    table = pd.read_csv(tmp_path / "v" / "validation.csv")
+    assert set(table["policy"]) == {"vllm"} and (table["relative_error"] == 0).all()
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"num_requests": 30}, "has 40 requests but the scenario's workload has 30"),
+    ({"rate": 6.0}, "ran at 8 req/s but"),
+    ({"max_output_tokens": 50}, "max_tokens"),
+])
+def test_other_workload_is_one_line(real_run, write_scenario, change, expected):
+    _, real = real_run
+    other = write_scenario("other.yaml", **{**FIELDS, "workload": {**FIELDS["workload"],
+                                                                     **change}})
+    _one_line_error(invoke("--real", real, other), expected)
+
+
+def test_bad_scenario_is_one_line(real_run, tmp_path):
+    _, real = real_run
+    _one_line_error(invoke("--real", real, tmp_path / "missing.yaml"), "no such scenario file")
+
+
+def test_relative_error_edge_cases():
+    assert relative_error(1.1, 1.0) == pytest.approx(0.1)
+    assert relative_error(0.9, 1.0) == pytest.approx(-0.1)
+    assert relative_error(0.0, 0.0) == 0.0
+    assert relative_error(0.5, 0.0) == math.inf
+    assert math.isnan(relative_error(math.nan, 1.0))
+    assert math.isnan(relative_error(1.0, math.nan))
+
+
+def test_format_table_is_aligned():
+    table = pd.DataFrame([("dualpace", "p99_ttft_s", 1.5, 1.0, 0.5),
+                          ("vllm", "cpu_token_fraction", 0.0, 0.0, 0.0),
+                          ("neo", "p99_tpot_s", math.nan, 2.0, math.nan)], columns=list(COLUMNS))
+    lines = format_table(table).splitlines()
+    assert len(lines) == 5
+    assert len({len(line) for line in lines[:2]}) == 1  # header as wide as its rule
+    assert lines[2].endswith("+50.0%") and lines[4].endswith("n/a")
+    ends = {len(line) for line in lines[2:]}
+    assert len(ends) == 1  # numbers right-aligned to the same column
