@@ -72,12 +72,7 @@ def plot_latency_cdf(frames: dict[str, pd.DataFrame], out_stem: Path, *,
         itl_ax.plot(*_cdf(itl), label=policy, color=colors[policy])
         ttfts.append(ttft)
         itls.append(itl)
-    _log_if_decades(ttft_ax, ttfts, axis="x")
-    _log_if_decades(itl_ax, itls, axis="x")
-    ttft_ax.set(xlabel="time to first token (s)", ylabel="fraction of requests", title="TTFT")
-    itl_ax.set(xlabel="inter-token latency (s)", ylabel="fraction of token gaps", title="ITL")
-    if title:
-        fig.suptitle(title)
+    _finish_cdf_axes(fig, ttft_ax, itl_ax, ttfts, itls, title)
     _save(fig, out_stem)
 
 
@@ -527,10 +522,15 @@ def plot_latency_cdf_overlay(real: dict[str, pd.DataFrame], simulated: dict[str,
             itl_ax.plot(*_cdf(itl), **style)
             ttfts.append(ttft)
             itls.append(itl)
+    _finish_cdf_axes(fig, ttft_ax, itl_ax, ttfts, itls, title)
+    return _save(fig, out_stem)
+
+
+def _finish_cdf_axes(fig, ttft_ax, itl_ax, ttfts, itls, title) -> None:
+    """Shared labels, log scales and title of the TTFT / ITL CDF panels."""
     _log_if_decades(ttft_ax, ttfts, axis="x")
     _log_if_decades(itl_ax, itls, axis="x")
     ttft_ax.set(xlabel="time to first token (s)", ylabel="fraction of requests", title="TTFT")
     itl_ax.set(xlabel="inter-token latency (s)", ylabel="fraction of token gaps", title="ITL")
     if title:
         fig.suptitle(title)
-    return _save(fig, out_stem)

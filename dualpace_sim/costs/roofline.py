@@ -268,6 +268,23 @@ def _table2d(fn: Callable[[float, float], float], xs: Sequence[float], ys: Seque
 
 
 # --- synthesis ----------------------------------------------------------------------------
+def _sharded(shape: ModelShape, engine: _Engine, n: int, latency_s: float,
+             bus_bytes_per_s: float | None, link_eff: float) -> _Stages:
+    """Stages over `n` tensor-parallel ranks joined by ring collectives (GPUs over NVLink or
+    PCIe, CPU ranks over UPI)."""
+    if n == 1:
+        return _Stages(shape, engine)
+    bus = (bus_bytes_per_s or 0.0) * link_eff
+
+    def allreduce(nbytes: float) -> float:  # ring: 2(n-1)/n of the buffer over each link
+        return latency_s + 2 * (n - 1) / n * nbytes / bus
+
+    def allgather(nbytes: float) -> float:  # ring: (n-1)/n of the gathered buffer
+        return latency_s + (n - 1) / n * nbytes / bus
+
+    return _Stages(shape, engine, n, allreduce, allgather)
+
+
 def _gpu_stages(spec: HardwareSpec, shape: ModelShape) -> _Stages:
     g, eff = spec.gpu, spec.efficiency
     engine = _Engine(
@@ -276,18 +293,8 @@ def _gpu_stages(spec: HardwareSpec, shape: ModelShape) -> _Stages:
         mem_bytes_per_s=g.hbm_bytes_per_s * eff.gpu_mem,
         kernel_s=g.launch_overhead_s,
     )
-    n = g.count
-    if n == 1:
-        return _Stages(shape, engine)
-    bus = (g.interconnect_bytes_per_s or 0.0) * eff.link
-
-    def allreduce(nbytes: float) -> float:  # ring: 2(n-1)/n of the buffer over each link
-        return g.allreduce_latency_s + 2 * (n - 1) / n * nbytes / bus
-
-    def allgather(nbytes: float) -> float:  # ring: (n-1)/n of the gathered buffer
-        return g.allreduce_latency_s + (n - 1) / n * nbytes / bus
-
-    return _Stages(shape, engine, n, allreduce, allgather)
+    return _sharded(shape, engine, g.count, g.allreduce_latency_s, g.interconnect_bytes_per_s,
+                    eff.link)
 
 
 def _cpu_stages(spec: HardwareSpec, shape: ModelShape) -> _Stages:
@@ -298,18 +305,8 @@ def _cpu_stages(spec: HardwareSpec, shape: ModelShape) -> _Stages:
         mem_bytes_per_s=c.dram_bytes_per_s * eff.cpu_mem,
         kernel_s=c.op_overhead_s,
     )
-    n = c.tensor_parallel
-    if n == 1:
-        return _Stages(shape, engine)
-    bus = (c.interconnect_bytes_per_s or 0.0) * eff.link
-
-    def allreduce(nbytes: float) -> float:
-        return c.allreduce_latency_s + 2 * (n - 1) / n * nbytes / bus
-
-    def allgather(nbytes: float) -> float:
-        return c.allreduce_latency_s + (n - 1) / n * nbytes / bus
-
-    return _Stages(shape, engine, n, allreduce, allgather)
+    return _sharded(shape, engine, c.tensor_parallel, c.allreduce_latency_s,
+                    c.interconnect_bytes_per_s, eff.link)
 
 
 def _kv_blocks(free_bytes: float, block_bytes: float, what: str) -> int:
