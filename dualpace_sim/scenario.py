@@ -8,6 +8,7 @@ file, which field and what is allowed, because users edit these files by hand.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -170,7 +171,7 @@ class LoadedScenario:
         return self.cost.neo_launch_s if given is None else given
 
 
-def _format_validation(path: Path, err: ValidationError) -> str:
+def _format_validation(path: Path | str, err: ValidationError) -> str:
     first = err.errors()[0]
     field = ".".join(str(p) for p in first["loc"]) or "(top level)"
     msg = first["msg"]
@@ -183,8 +184,36 @@ def _format_validation(path: Path, err: ValidationError) -> str:
     return f"{path}: {field}: {msg}"
 
 
-def read_scenario(path: Path) -> Scenario:
-    """Parse and validate the YAML file without loading anything it refers to."""
+def _merged(raw: dict, changes: Mapping) -> dict:
+    """``changes`` laid over the scenario's fields: a nested mapping merges key by key into the
+    section it names, anything else (a number, a list, None for "the default") replaces."""
+    out = dict(raw)
+    for key, value in changes.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _dotted(changes: Mapping, prefix: str = "") -> list[str]:
+    """``{"scheduler": {"host_kv_blocks": 8}}`` -> ``["scheduler.host_kv_blocks=8"]``."""
+    out = []
+    for key, value in changes.items():
+        if isinstance(value, Mapping) and value:
+            out += _dotted(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}={value!r}")
+    return out
+
+
+def read_scenario(path: Path, changes: Mapping | None = None) -> Scenario:
+    """Parse and validate the YAML file without loading anything it refers to.
+
+    ``changes`` (the scenario's own keys, nested like the YAML) are applied before validation,
+    so a changed field is checked exactly as if it had been written in the file; an error then
+    names the changes as well as the file.
+    """
     try:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
@@ -193,10 +222,14 @@ def read_scenario(path: Path) -> Scenario:
         raise ScenarioError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(raw, dict):
         raise ScenarioError(f"{path}: expected a mapping of scenario fields at the top level")
+    where = path
+    if changes:
+        raw = _merged(raw, changes)
+        where = f"{path} with {', '.join(_dotted(changes))}"
     try:
         return Scenario.model_validate(raw)
     except ValidationError as e:
-        raise ScenarioError(_format_validation(path, e)) from None
+        raise ScenarioError(_format_validation(where, e)) from None
 
 
 def _resolve(base: Path, name: str) -> Path:
@@ -258,16 +291,34 @@ def _controls(spec: Scenario, profile: Profile, source: str) -> dict[str, Contro
     return out
 
 
-def load_scenario(path: Path | str, rate: float | None = None) -> LoadedScenario:
-    """Read, validate and resolve a scenario; `rate` overrides the offered load (sweeps)."""
+def load_scenario(
+    path: Path | str,
+    rate: float | None = None,
+    changes: Mapping | None = None,
+    profile: Profile | None = None,
+) -> LoadedScenario:
+    """Read, validate and resolve a scenario.
+
+    `rate` overrides the offered load (sweeps); `changes` overrides fields as
+    :func:`read_scenario` describes (what-if studies, e.g. ``{"scheduler": {"host_kv_blocks":
+    15360}}``); `profile` replaces the scenario's calibration profile with one built in code,
+    e.g. synthesized from a changed hardware spec, which a YAML field cannot name.
+    """
     path = Path(path)
-    spec = read_scenario(path)
+    spec = read_scenario(path, changes)
     if rate is not None:
         try:
             spec = spec.model_copy(update={"workload": with_rate(spec.workload, rate)})
         except ValueError as e:
             raise ScenarioError(f"{path}: workload: {e}") from None
-    profile, source = _load_profile(path, spec)
+    if profile is None:
+        profile, source = _load_profile(path, spec)
+    else:
+        source = f"in memory:{profile.provenance.method}:{profile.box.name}/{profile.model.name}"
+        try:
+            check_magnitudes(profile, source)
+        except ValueError as e:
+            raise ScenarioError(f"{path}: the profile given in its place: {e}") from None
     controls = _controls(spec, profile, source)
     s = spec.scheduler
     try:

@@ -138,6 +138,34 @@ def load_spec(path_or_name: str | Path) -> HardwareSpec:
     return validate_file_data(HardwareSpec, read_file_data(path), str(path))
 
 
+def with_cpu_cores(spec: HardwareSpec, cores: int, dram_ceiling_bytes_per_s: float
+                   ) -> HardwareSpec:
+    """The same box with ``cores`` cores of the same CPU per rank, for sizing the CPU tier.
+
+    AMX and AVX512 peaks scale with the core count. Memory bandwidth does too, but only up to
+    ``dram_ceiling_bytes_per_s`` (what the whole socket's channels deliver to a STREAM-like
+    copy): each core keeps a bounded number of misses in flight, so a few cores cannot
+    saturate the channels and many cores cannot exceed them. The spec's own bandwidth must
+    already be within the ceiling, since it is what its cores were measured or assumed to draw.
+    """
+    c = spec.cpu
+    if cores < 1:
+        raise ValueError(f"cores must be >= 1, got {cores}")
+    if dram_ceiling_bytes_per_s < c.dram_bytes_per_s:
+        raise ValueError(f"dram_ceiling_bytes_per_s {dram_ceiling_bytes_per_s:.4g} is below the "
+                         f"{c.dram_bytes_per_s:.4g} B/s that {spec.name}'s {c.cores} cores "
+                         f"already draw; give the socket's ceiling")
+    scale = cores / c.cores
+    cpu = c.model_copy(update={
+        "name": f"{c.name}, {cores} cores",
+        "cores": cores,
+        "amx_bf16_flops": c.amx_bf16_flops * scale,
+        "avx512_bf16_flops": c.avx512_bf16_flops * scale,
+        "dram_bytes_per_s": min(c.dram_bytes_per_s * scale, dram_ceiling_bytes_per_s),
+    })
+    return spec.model_copy(update={"name": f"{spec.name}@{cores}c", "cpu": cpu})
+
+
 # --- roofline primitives ------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Engine:

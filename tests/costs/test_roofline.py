@@ -11,7 +11,7 @@ from dualpace_sim.costs import (
     load_spec,
     synthesize,
 )
-from dualpace_sim.costs.roofline import GIB, main
+from dualpace_sim.costs.roofline import GIB, main, with_cpu_cores
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = sorted((ROOT / "calibration" / "roofline").glob("*/*.yaml"))
@@ -160,3 +160,27 @@ def test_cpu_tensor_parallel_shards_cpu_work_and_adds_allreduce():
     for b in (16, 64, 256):
         assert 0.5 * one.cpu_post_attn(b) < two.cpu_post_attn(b) < one.cpu_post_attn(b)
         assert two.cpu_layer_local(b, b * 1000) < 0.6 * one.cpu_layer_local(b, b * 1000)
+
+
+def test_more_cpu_cores_scale_compute_and_bandwidth_up_to_the_socket_ceiling():
+    """Below the ceiling bandwidth grows with the cores (bandwidth-bound CPU attention speeds up
+    with them); above it only compute grows (compute-bound dense stages still speed up)."""
+    spec, shape = load_spec("rtx4090-xeon4510-12c"), ModelShape.from_name("llama-3.1-8b")
+    ceiling = 2.2e11  # above the 1.5e11 B/s the spec's 12 cores draw
+    specs = {n: with_cpu_cores(spec, n, ceiling) for n in (6, 12, 48)}
+    assert specs[12].cpu.model_dump(exclude={"name"}) == spec.cpu.model_dump(exclude={"name"})
+    assert specs[6].cpu.dram_bytes_per_s == pytest.approx(spec.cpu.dram_bytes_per_s / 2)
+    assert specs[48].cpu.dram_bytes_per_s == ceiling
+    assert specs[48].cpu.amx_bf16_flops == pytest.approx(4 * spec.cpu.amx_bf16_flops)
+    assert specs[48].gpu == spec.gpu and specs[48].link == spec.link
+    cm = {n: CostModel(synthesize(s, shape)) for n, s in specs.items()}
+    context = 64 * 2000  # 64 requests of 2,000 tokens: KV reads dominate
+    attn = {n: m.cpu_decode_attn(64, context) for n, m in cm.items()}
+    assert attn[6] == pytest.approx(2 * attn[12], rel=0.02)
+    assert attn[48] == pytest.approx(attn[12] * spec.cpu.dram_bytes_per_s / ceiling, rel=0.02)
+    dense = {n: m.cpu_post_attn(1024) for n, m in cm.items()}  # AMX-bound at 1,024 rows
+    assert dense[48] == pytest.approx(dense[12] / 4, rel=0.05)
+    with pytest.raises(ValueError, match="cores must be >= 1"):
+        with_cpu_cores(spec, 0, ceiling)
+    with pytest.raises(ValueError, match="below the 1.5e\\+11 B/s that rtx4090-xeon4510-12c"):
+        with_cpu_cores(spec, 24, 1e11)
