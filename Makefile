@@ -7,7 +7,7 @@ OUT ?= results/quickstart
 # install the CUDA build you want first; `pip install -e ".[hw]"` then keeps it.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test docs lint bench clean
 
 $(BIN)/dualpace-sim: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,18 +17,23 @@ $(BIN)/dualpace-sim: pyproject.toml
 
 $(VENV)/.hw: $(BIN)/dualpace-sim
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[dev,hw,notebooks]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,hw,notebooks,docs]"
 	touch $@
 
 demo: $(BIN)/dualpace-sim
 	$(BIN)/dualpace-sim run scenarios/quickstart.yaml --out $(OUT)
 
-test: $(VENV)/.hw
-	$(BIN)/ruff check dualpace_sim dualpace_hw tests benchmarks
+test: $(VENV)/.hw docs
+	$(BIN)/ruff check dualpace_sim dualpace_hw tests benchmarks docs/gen
 	$(BIN)/python -m pytest
+
+# The documentation site into site/; --strict fails on any warning, such as a broken link or a
+# command, option or schema key without help text (the reference pages are generated).
+docs: $(VENV)/.hw
+	$(BIN)/mkdocs build --strict
 
 bench: $(BIN)/dualpace-sim
 	$(BIN)/python benchmarks/sim_speed.py
 
 clean:
-	rm -rf $(VENV) results .pytest_cache .hypothesis
+	rm -rf $(VENV) results site .pytest_cache .hypothesis

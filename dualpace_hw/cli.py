@@ -78,6 +78,10 @@ def run(
         summaries = run_real(loaded, out, device, cpu_cores)
     except (ScenarioError, ValueError, EngineFailure) as e:
         _fail(str(e))
+    except KeyboardInterrupt:
+        typer.echo("interrupted: the engines stopped and the CPU engine's process exited; "
+                   f"policies that finished are in {out}/", err=True)
+        raise typer.Exit(130) from None
     for s in summaries:
         typer.echo(f"{s['policy']}: completed={s['completed']}/{s['submitted']} "
                    f"normalized_latency_s={s['normalized_latency_s']:.4g} "

@@ -27,12 +27,12 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from dualpace_sim.core.plans import CpuPlan
-from dualpace_sim.core.request import Request
 from dualpace_sim.core.routing import Route
 
 from .cpu_attention import cpu_paged_decode_attention, omp_threads, pin_threads
@@ -95,6 +95,38 @@ class LocalAssist:
         self.calls["fused_final"] += 1
         h = self.model.post_attn(layer, self._in(attn_out_cpu), self._in(residual_cpu))
         return greedy(self.model.post_layer(h)).cpu()
+
+
+@dataclass(slots=True)
+class CpuStep:
+    """One CPU decode step as plain data: what the CPU engine's process needs of a CpuPlan.
+
+    Row i decodes request req_ids[i]: input token token_ids[i] at positions[i], over the host
+    blocks tables[i] (exactly those holding positions 0..positions[i])."""
+
+    route: Route
+    req_ids: list[int]
+    token_ids: list[int]
+    positions: list[int]
+    tables: list[list[int]]
+
+    @classmethod
+    def from_plan(cls, plan: CpuPlan, tokens: TokenSource, block_size: int) -> CpuStep:
+        step = cls(plan.route, [], [], [], [])
+        for r in plan.batch:
+            if r.generated < 1:
+                raise ValueError(f"request {r.req_id}: a CPU decode needs the first token, "
+                                 "sampled by the prefill")
+            pos = r.prompt_tokens + r.generated - 1  # the input token's position
+            need = pos // block_size + 1
+            if len(r.blocks) < need:
+                raise ValueError(f"request {r.req_id}: position {pos} needs {need} host blocks, "
+                                 f"it holds {len(r.blocks)}")
+            step.req_ids.append(r.req_id)
+            step.token_ids.append(tokens.last(r.req_id))
+            step.positions.append(pos)
+            step.tables.append(list(r.blocks[:need]))
+        return step
 
 
 class CpuExecutor:
@@ -160,49 +192,33 @@ class CpuExecutor:
     # --- one decode step ----------------------------------------------------------------------
     def execute(self, plan: CpuPlan) -> dict[int, int]:
         """One decode step of every request in plan.batch; returns req_id -> sampled token."""
-        batch = plan.batch
-        if not batch:
+        self._check_route(plan.route)
+        return self.run(CpuStep.from_plan(plan, self.tokens, self.pool.block_size))
+
+    def run(self, step: CpuStep) -> dict[int, int]:
+        """One decode step given as a CpuStep (what the CPU engine's process receives)."""
+        if not step.req_ids:
             return {}
-        if plan.route != Route.FULL_CPU and self.assist is None:
-            raise ValueError(f"a {plan.route.value} plan needs Dense Assist, and this executor "
-                             "has none")
+        self._check_route(step.route)
         self.configure_thread()
         with torch.inference_mode():
-            tokens = self._step(batch, plan.route)
+            tokens = self._step(step)
         self.steps += 1
-        return {r.req_id: t for r, t in zip(batch, tokens, strict=True)}
+        return dict(zip(step.req_ids, tokens, strict=True))
 
-    def _inputs(self, batch: list[Request]) -> tuple[torch.Tensor, ...]:
-        bs = self.pool.block_size
-        ids, positions, slots, lens = [], [], [], []
-        width = 0
-        for r in batch:
-            g = r.generated
-            if g < 1:
-                raise ValueError(f"request {r.req_id}: a CPU decode needs the first token, "
-                                 "sampled by the prefill")
-            pos = r.prompt_tokens + g - 1  # the input token's position
-            need = pos // bs + 1
-            if len(r.blocks) < need:
-                raise ValueError(f"request {r.req_id}: position {pos} needs {need} host blocks, "
-                                 f"it holds {len(r.blocks)}")
-            ids.append(self.tokens.last(r.req_id))
-            positions.append(pos)
-            slots.append(r.blocks[pos // bs] * bs + pos % bs)
-            lens.append(pos + 1)
-            width = max(width, need)
-        rows = []
-        for r, length in zip(batch, lens, strict=True):
-            row = r.blocks[:-(-length // bs)]
-            rows.append(row + [0] * (width - len(row)))  # padding is never read
-        tables = torch.tensor(rows, dtype=torch.int32)
-        return (torch.tensor(ids), torch.tensor(positions), torch.tensor(slots),
-                tables, torch.tensor(lens, dtype=torch.int32))
+    def _check_route(self, route: Route) -> None:
+        if route != Route.FULL_CPU and self.assist is None:
+            raise ValueError(f"a {route.value} plan needs Dense Assist, and this executor has none")
 
-    def _step(self, batch: list[Request], route: Route) -> list[int]:
-        m = self.model
-        ids, positions, slots, tables, lens = self._inputs(batch)
-        n = len(batch)
+    def _step(self, step: CpuStep) -> list[int]:
+        m, route, bs = self.model, step.route, self.pool.block_size
+        n = len(step.req_ids)
+        positions = torch.tensor(step.positions)
+        width = max(len(t) for t in step.tables)
+        tables = torch.tensor([t + [0] * (width - len(t)) for t in step.tables],  # pad: unread
+                              dtype=torch.int32)
+        slots = tables[torch.arange(n), positions // bs].long() * bs + positions % bs
+        ids, lens = torch.tensor(step.token_ids), (positions + 1).to(torch.int32)
         h = m.pre_layer(ids)
         last = m.n_layers - 1
         for layer in range(m.n_layers):

@@ -23,14 +23,29 @@ class PagedKVPool:
         pin_memory: bool = False,
         n_layers: int | None = None,
         dtype: torch.dtype = torch.bfloat16,
+        storage: torch.Tensor | None = None,
     ) -> None:
+        """storage: use these bytes (e.g. a shared arena's tensor) instead of allocating."""
         self.shape = shape
         self.n_blocks = n_blocks
         self.block_size = block_size
         self.n_layers = shape.n_layers if n_layers is None else n_layers
-        dims = (self.n_layers, 2, n_blocks, shape.n_kv_heads, block_size, shape.head_dim)
+        dims = self.dims(shape, n_blocks, block_size, self.n_layers)
+        if storage is not None:
+            if tuple(storage.shape) != dims or storage.dtype != dtype:
+                raise ValueError(f"pool storage is {tuple(storage.shape)} {storage.dtype}, "
+                                 f"the pool needs {dims} {dtype}")
+            self.data = storage
+            return
         pin = pin_memory and torch.device(device).type == "cpu" and torch.cuda.is_available()
         self.data = torch.zeros(dims, dtype=dtype, device=device, pin_memory=pin)
+
+    @staticmethod
+    def dims(shape: ModelShape, n_blocks: int, block_size: int = 16,
+             n_layers: int | None = None) -> tuple[int, ...]:
+        """The pool tensor's shape (to allocate it elsewhere, e.g. in a shared arena)."""
+        return (shape.n_layers if n_layers is None else n_layers, 2, n_blocks, shape.n_kv_heads,
+                block_size, shape.head_dim)
 
     @classmethod
     def from_budget(

@@ -11,8 +11,10 @@ implementation (prepacked oneDNN weights on the CPU) without touching the model 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -91,10 +93,13 @@ class ModelWeights:
         head = embed if shape.tie_word_embeddings else mat(shape.vocab_size, h)
         return cls(embed, layers, norm(h), Dense(head))
 
-    def to(self, device: str | torch.device) -> ModelWeights:
-        """The same weights on another device (the CPU engine's copy of the GPU's model)."""
-        def t(x: torch.Tensor | None) -> torch.Tensor | None:
-            return None if x is None else x.to(device)
+    def map(self, fn: Callable[[Any], Any]) -> ModelWeights:
+        """The same structure with fn applied to every tensor (a tied LM head stays tied).
+
+        fn may return something other than a tensor: the runtime maps the weights to arena
+        references to hand them to the CPU engine's process, which maps them back to views."""
+        def t(x: Any) -> Any:
+            return None if x is None else fn(x)
 
         layers = [LayerWeights(t(lw.input_norm), Dense(t(lw.qkv.weight)), Dense(t(lw.o.weight)),
                                t(lw.post_norm), Dense(t(lw.gate_up.weight)),
@@ -103,6 +108,16 @@ class ModelWeights:
         embed = t(self.embed)
         head = embed if self.lm_head.weight is self.embed else t(self.lm_head.weight)
         return ModelWeights(embed, layers, t(self.final_norm), Dense(head))
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every distinct tensor (to size an arena that will hold them)."""
+        seen: list[torch.Tensor] = []
+        self.map(lambda x: seen.append(x) or x)
+        return seen
+
+    def to(self, device: str | torch.device) -> ModelWeights:
+        """The same weights on another device (the CPU engine's copy of the GPU's model)."""
+        return self.map(lambda x: x.to(device))
 
     @classmethod
     def from_safetensors(

@@ -1,17 +1,21 @@
 """The real dual-engine runtime: the core's schedulers driving the executors on a real box.
 
-Design (measured independent, see `measure_independence`): one process, three threads. The GPU
-engine thread and the CPU engine thread each loop schedule -> commit -> execute -> apply over
-the shared core state, with no iteration barrier; they take a lock only for the core's
-schedule/commit and apply steps (microseconds), never while executing. Execution releases the
-GIL where it matters: the CPU engine spends its time inside oneDNN and the C++ attention kernel,
-and the GPU engine mostly waits on CUDA. Dense Assist goes CPU-Ready -> GPU-Running -> GPU-Done
-through `AssistChannel` and is serviced by the GPU thread at stage boundaries only (or at once
-when it is idle). A load-generator thread submits requests at their arrival times.
+Design: two processes. The main process holds the shared core state and three threads: the GPU
+engine, the CPU engine's scheduler, and the load generator. The GPU engine thread and the CPU
+engine thread each loop schedule -> commit -> execute -> apply with no iteration barrier; they
+take one lock only for the core's calls (microseconds), never while executing. The CPU engine's
+execution runs in its own process (`cpu_worker`), over the host KV pool in shared memory, so
+its per-layer Python never waits for the GIL behind the GPU engine's kernel launches. Dense
+Assist goes CPU-Ready -> GPU-Running -> GPU-Done through `AssistChannel` and is serviced by the
+GPU thread at stage boundaries only (or at once when it is idle).
+
+Every core call is recorded, in lock order, in a `Journal`: `dualpace_sim.replay` replays it
+through fresh schedulers and must reproduce every plan.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -30,9 +34,11 @@ from dualpace_sim.core import (
     SchedulerConfig,
     assist_reachable,
 )
+from dualpace_sim.core.journal import Journal, describe_cpu, describe_gpu
 from dualpace_sim.core.vllm import VllmConfig, VllmScheduler
 
-from .cpu_executor import CpuExecutor
+from .cpu_executor import CpuStep
+from .cpu_worker import CpuEngineProcess, WorkerFailed
 from .gpu_executor import GpuExecutor
 from .kv import PagedKVPool
 from .model import Model
@@ -110,7 +116,7 @@ def prompt_ids(req_id: int, n: int, vocab: int) -> list[int]:
 
 
 class _Engines:
-    """Shared plumbing: clock, lock, wake-ups, stop, failure propagation, arrivals."""
+    """Shared plumbing: clock, lock, wake-ups, stop, failure propagation, arrivals, journal."""
 
     def __init__(self, specs: Sequence, block_size: int, vocab: int) -> None:
         self.requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens,
@@ -126,9 +132,16 @@ class _Engines:
         self.error: BaseException | None = None
         self.t0 = 0.0
         self.stats = RunStats()
+        self.journal = Journal()  # appended to under self.lock only
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
+
+    def record(self, engine: str, call: str, **data) -> float:
+        """Journal a core call (the caller holds the lock); returns the clock time to pass."""
+        t = self.now()
+        self.journal.record(t, engine, call, **data)
+        return t
 
     def wake(self) -> None:
         with self.work:
@@ -139,8 +152,9 @@ class _Engines:
         try:
             body()
         except BaseException as e:  # noqa: BLE001 - reported to the main thread
-            if self.error is None:
-                self.error = EngineFailure(f"{name} engine failed: {type(e).__name__}: {e}")
+            if self.error is None and not self.stop.is_set():
+                self.error = EngineFailure(f"{name} engine failed: {e}" if isinstance(
+                    e, WorkerFailed) else f"{name} engine failed: {type(e).__name__}: {e}")
                 self.error.__cause__ = e
             self.stop.set()
             self.wake()
@@ -152,8 +166,10 @@ class _Engines:
                 return
             self.tokens.add(r.req_id, prompt_ids(r.req_id, r.prompt_tokens, self.vocab))
             with self.work:
+                self.record("load", "submit", req=r.req_id)
                 submit(r)
                 self.work.notify_all()
+                self.cpu_work.notify_all()
 
     def run(self, loops: dict[str, object], submit, finished) -> list[Request]:
         threads = [threading.Thread(target=self._guard, args=(n, f), name=n, daemon=True)
@@ -187,23 +203,34 @@ class _Engines:
 
 
 class DualPaceRuntime(_Engines):
-    """GPU engine + CPU engine over the shared core state."""
+    """GPU engine + CPU engine over the shared core state.
+
+    The runtime owns `cpu_engine` (the CPU engine's process and the shared host KV pool) from
+    here on: `serve` stops it and frees its memory however the run ends."""
 
     def __init__(self, specs: Sequence, config: SchedulerConfig, gpu_model: Model,
-                 cpu_model: Model, gpu_pool: PagedKVPool, host_pool: PagedKVPool,
-                 cpu_threads: int | None = None, cpu_cores: Sequence[int] | None = None) -> None:
+                 gpu_pool: PagedKVPool, cpu_engine: CpuEngineProcess) -> None:
         super().__init__(specs, config.block_size, gpu_model.shape.vocab_size)
         self.state = EngineState(config)
         self.gpu_sched, self.cpu_sched = GpuScheduler(self.state), CpuScheduler(self.state)
         self.stage_mode = assist_reachable(config.largest_cpu_batch, config.route_f)
         self.channel = AssistChannel(self.wake, self.stop.is_set)
-        self.gpu = GpuExecutor(gpu_model, gpu_pool, self.tokens, host_pool)
-        self.cpu = CpuExecutor(cpu_model, host_pool, self.tokens, assist=self.channel,
-                               threads=cpu_threads, cores=cpu_cores)
+        self.cpu_engine = cpu_engine
+        self.gpu = GpuExecutor(gpu_model, gpu_pool, self.tokens, cpu_engine.host_pool)
 
     def serve(self) -> list[Request]:
-        return self.run({"GPU": self._gpu_loop, "CPU": self._cpu_loop}, self.state.submit,
-                        lambda: self.state.finished)
+        cores = self.cpu_engine.cores
+        affinity = os.sched_getaffinity(0) if cores and hasattr(os, "sched_getaffinity") else None
+        try:
+            if affinity and affinity - set(cores):
+                os.sched_setaffinity(0, affinity - set(cores))  # keep off the CPU engine's cores
+            return self.run({"GPU": self._gpu_loop, "CPU": self._cpu_loop}, self.state.submit,
+                            lambda: self.state.finished)
+        finally:
+            if affinity:
+                os.sched_setaffinity(0, affinity)
+            self.stats.assist_calls = self.channel.calls
+            self.cpu_engine.close()
 
     def _idle_wait(self) -> None:
         with self.work:
@@ -216,7 +243,9 @@ class DualPaceRuntime(_Engines):
             self.channel.serve(ex)
             with self.lock:
                 plan = sched.schedule()
-                if not (plan.wait_for_copies or plan.is_empty):
+                committed = not (plan.wait_for_copies or plan.is_empty)
+                self.record("gpu", "schedule", plan=describe_gpu(plan), committed=committed)
+                if committed:
                     ex.note_swap_outs(plan)
                     sched.commit(plan)
             if plan.wait_for_copies:
@@ -224,7 +253,7 @@ class DualPaceRuntime(_Engines):
                     self.channel.serve(ex)
                     time.sleep(0.0002)
                 with self.work:
-                    st.complete_copy_group(self.now())
+                    st.complete_copy_group(self.record("gpu", "copies_done"))
                     self.cpu_work.notify_all()
                 continue
             if plan.is_empty:
@@ -246,37 +275,50 @@ class DualPaceRuntime(_Engines):
                 ex.swap_handle.wait()
             self.stats.gpu_busy_s += time.perf_counter() - start
             with self.work:
-                st.complete_migrations(plan.swap_outs, plan.swap_ins, self.now())
+                if plan.has_migrations:
+                    st.complete_migrations(plan.swap_outs, plan.swap_ins,
+                                           self.record("gpu", "migrations_done"))
                 if plan.has_forward:
-                    sched.apply(plan, GpuResult(self.now(), tokens))
+                    sched.apply(plan, GpuResult(self.record("gpu", "apply", tokens=tokens),
+                                                tokens))
                     for req_id, tok in tokens.items():
                         self.tokens.append(req_id, tok)
                 if plan.has_migrations or plan.marks or any(c.to_cpu for c in plan.prefills):
                     self.cpu_work.notify_all()  # new CPU work, or marks to yield
 
     def _cpu_loop(self) -> None:
-        sched = self.cpu_sched
+        sched, bs = self.cpu_sched, self.state.config.block_size
         while not self.stop.is_set():
             with self.work:
                 plan = sched.schedule()
+                self.record("cpu", "schedule", plan=describe_cpu(plan))
                 sched.commit(plan)
                 if plan.held_back or plan.admitted:
                     self.work.notify_all()
                 if plan.is_empty:
                     self.cpu_work.wait(0.1)
                     continue
+                step = CpuStep.from_plan(plan, self.tokens, bs)
             self.stats.cpu_rounds += 1
             routes = self.stats.routes
             routes[plan.route.value] = routes.get(plan.route.value, 0) + 1
-            start = time.perf_counter()
-            tokens = self.cpu.execute(plan)
-            self.stats.cpu_busy_s += time.perf_counter() - start
+            tokens, busy = self.cpu_engine.step(step, self._assist, self.stop.is_set)
+            self.stats.cpu_busy_s += busy
             with self.work:
-                sched.apply(plan, CpuResult(self.now(), tokens))
+                sched.apply(plan, CpuResult(self.record("cpu", "apply", tokens=tokens), tokens))
                 for req_id, tok in tokens.items():
                     self.tokens.append(req_id, tok)
                 self.work.notify_all()
-        self.stats.assist_calls = self.channel.calls
+
+    def _assist(self, kind: str, layer: int, rows: int) -> None:
+        """A Dense Assist the CPU engine's process asked for, through the GPU engine."""
+        w, ch = self.cpu_engine, self.channel
+        if kind == "p":
+            w.hidden[:rows].copy_(ch.assist_post_attn(layer, w.attn[:rows], w.residual[:rows]))
+            return
+        out = (ch.assist_fused_final(layer, w.attn[:rows], w.residual[:rows]) if kind == "lA"
+               else ch.assist_post_layer(w.residual[:rows]))
+        w.tokens[:rows].copy_(torch.as_tensor(out).reshape(-1))
 
 
 class VllmRuntime(_Engines):
@@ -294,7 +336,9 @@ class VllmRuntime(_Engines):
     def _loop(self) -> None:
         while not self.stop.is_set():
             with self.work:
-                plan = self.sched.schedule(self.now())
+                now = self.now()
+                plan = self.sched.schedule(now)
+                self.journal.record(now, "gpu", "schedule", plan=describe_gpu(plan))
                 if not plan.has_forward:
                     self.work.wait(0.01)
                     continue
@@ -303,6 +347,7 @@ class VllmRuntime(_Engines):
             tokens = self.gpu.execute(plan)
             self.stats.gpu_busy_s += time.perf_counter() - start
             with self.work:
-                self.sched.apply(plan, GpuResult(self.now(), tokens))
+                self.sched.apply(plan, GpuResult(self.record("gpu", "apply", tokens=tokens),
+                                                 tokens))
                 for req_id, tok in tokens.items():
                     self.tokens.append(req_id, tok)

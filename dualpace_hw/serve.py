@@ -11,15 +11,16 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from dualpace_sim.core.journal import JOURNAL_FILE
 from dualpace_sim.metrics import summarize
 from dualpace_sim.plots import plot_timeline
 from dualpace_sim.records import records_frame, write_records
 from dualpace_sim.runner import _json_safe
 from dualpace_sim.scenario import LoadedScenario
 
+from .cpu_worker import CpuEngineProcess
 from .kv import PagedKVPool
 from .model import Model, ModelWeights
-from .packed import pack_model
 from .runtime import DualPaceRuntime, VllmRuntime
 
 REAL_POLICIES = ("dualpace", "vllm")
@@ -27,19 +28,18 @@ REAL_POLICIES = ("dualpace", "vllm")
 
 def build_runtime(loaded: LoadedScenario, policy: str, device: str, cpu_cores: int | None,
                   seed: int = 0):
-    """Models with identical weights on the GPU and the CPU, pools sized like the scenario's."""
+    """Models with identical weights on the GPU and the CPU, pools sized like the scenario's.
+    For DualPace this starts the CPU engine's process; the runtime stops it when it is done."""
     shape, config = loaded.profile.model, loaded.policy_config(policy)
     weights = ModelWeights.random(shape, seed=seed, device=device)
     gpu_model = Model(shape, weights)
     gpu_pool = PagedKVPool(shape, config.gpu_kv_blocks, config.block_size, device=device)
     if policy == "vllm":
         return VllmRuntime(loaded.requests, config, gpu_model, gpu_pool)
-    cpu_model = pack_model(Model(shape, weights.to("cpu")))
-    host_pool = PagedKVPool(shape, config.host_kv_blocks, config.block_size, device="cpu",
-                            pin_memory=device != "cpu")
     cores = list(range(cpu_cores)) if cpu_cores else None
-    return DualPaceRuntime(loaded.requests, config, gpu_model, cpu_model, gpu_pool, host_pool,
-                           cpu_cores=cores)
+    cpu_engine = CpuEngineProcess(weights, shape, config.host_kv_blocks, config.block_size,
+                                  max_rows=config.largest_cpu_batch, cores=cores)
+    return DualPaceRuntime(loaded.requests, config, gpu_model, gpu_pool, cpu_engine)
 
 
 def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
@@ -55,7 +55,13 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
             print(f"{policy}: simulated only (the real runtime runs {', '.join(REAL_POLICIES)})")
             continue
         runtime = build_runtime(loaded, policy, device, cpu_cores)
+        if policy == "dualpace":
+            engine = runtime.cpu_engine
+            print(f"dualpace: CPU engine process {engine.pid} on "
+                  f"{'cores ' + str(list(engine.cores)) if engine.cores else 'all cores'}",
+                  flush=True)
         requests = runtime.serve()
+        runtime.journal.write(out / JOURNAL_FILE.format(policy=policy))
         frame = records_frame(requests, policy)
         frames[policy] = frame
         summaries.append({

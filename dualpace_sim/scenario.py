@@ -34,27 +34,45 @@ class ScenarioError(ValueError):
 
 
 class RooflineSource(BaseModel):
+    """A profile synthesized from published specs instead of read from a file (the roofline
+    synthesizer, `dualpace_sim/costs/roofline.py`); never a measurement."""
+
     model_config = ConfigDict(extra="forbid")
     hardware: str = Field(description="packaged spec name or path to a hardware spec YAML")
     model: str = Field(description="built-in model name or path to a HF config.json")
-    host_kv_gib: float | None = Field(None, gt=0)
-    gpu_mem_util: float = Field(0.9, gt=0, le=1)
+    host_kv_gib: float | None = Field(None, gt=0, description=(
+        "host KV pool, GiB; default: host memory less the CPU's copy of the weights and an OS "
+        "reserve"))
+    gpu_mem_util: float = Field(0.9, gt=0, le=1, description=(
+        "share of GPU memory for weights, workspaces and KV; the rest is left free"))
 
 
 class SchedulerOverrides(BaseModel):
     """Anything left out comes from the profile (capacities, fitted controls) or the defaults."""
 
     model_config = ConfigDict(extra="forbid")
-    gpu_kv_blocks: int | None = Field(None, ge=1)
-    host_kv_blocks: int | None = Field(None, ge=1)
-    gpu_max_rows: int = Field(256, ge=1)
-    gpu_token_limit: int | None = Field(None, ge=1)
-    gpu_hard_token_limit: int = Field(8192, ge=1)
-    staging_blocks: int = Field(512, ge=0)
-    cpu_batch_limit: int | None = Field(None, ge=1)
-    host_max_requests: int = Field(4096, ge=1)
-    route_p: int | None = Field(None, ge=0)
-    route_f: int | None = Field(None, ge=0)
+    gpu_kv_blocks: int | None = Field(None, ge=1, description=(
+        "HBM KV capacity in blocks; default: the profile's gpu.kv_capacity_blocks"))
+    host_kv_blocks: int | None = Field(None, ge=1, description=(
+        "host KV capacity in blocks; default: the profile's cpu.kv_capacity_blocks"))
+    gpu_max_rows: int = Field(256, ge=1, description="GPU row limit: requests in one GPU batch")
+    gpu_token_limit: int | None = Field(None, ge=1, description=(
+        "profiled GPU batched-token limit (paper §4.3); default: the profile's controls, else "
+        "its fit"))
+    gpu_hard_token_limit: int = Field(8192, ge=1, description=(
+        "hard cap on tokens in one GPU batch"))
+    staging_blocks: int = Field(512, ge=0, description=(
+        "single-layer GPU staging blocks for Prefill-to-CPU copies, per GPU round"))
+    cpu_batch_limit: int | None = Field(None, ge=1, description=(
+        "CPU decode batch limit (paper §4.3); default: the profile's controls, else its fit"))
+    host_max_requests: int = Field(4096, ge=1, description=(
+        "host decode-admission limit: requests owned by, or bound for, the CPU engine at once"))
+    route_p: int | None = Field(None, ge=0, description=(
+        "P of Eq. 5: a CPU batch larger than P is Fused-Assist; default: the profile's "
+        "controls, else its fit (Algorithm 1)"))
+    route_f: int | None = Field(None, ge=0, description=(
+        "F of Eq. 5: a CPU batch up to F is Full-CPU, one up to P Split-Final; (P, F) is "
+        "(0, 0) or 0 <= F < P; default as for route_p"))
 
 
 class VllmSection(BaseModel):
@@ -62,20 +80,26 @@ class VllmSection(BaseModel):
     (BASELINES.md §B0), and a comparison must say which it used."""
 
     model_config = ConfigDict(extra="forbid")
-    max_num_batched_tokens: int = Field(ge=1)
-    max_num_seqs: int = Field(ge=1)
+    max_num_batched_tokens: int = Field(ge=1, description=(
+        "tokens per step, shared by decodes and prefill chunks"))
+    max_num_seqs: int = Field(ge=1, description="running requests at most")
 
 
 class NeoSection(BaseModel):
     """NEO's limits; defaults are NEO's own (swiftllm/engine_config.py)."""
 
     model_config = ConfigDict(extra="forbid")
-    max_batch_size: int = Field(512, ge=1)
-    max_tokens_in_batch: int = Field(3072, ge=1)
-    itm_blocks: int | None = Field(None, ge=0, description="staging pool; NEO: = GPU blocks")
-    launch_s: float | None = Field(None, ge=0, description="CPU launch term; default: profile")
-    linr_s_threshold: int = Field(128, ge=0)
-    swap_in_fraction: float = Field(0.95, gt=0, le=1)
+    max_batch_size: int = Field(512, ge=1, description="requests in one iteration")
+    max_tokens_in_batch: int = Field(3072, ge=1, description=(
+        "tokens in one iteration; NEO prefills whole prompts, so it must exceed the longest"))
+    itm_blocks: int | None = Field(None, ge=0, description=(
+        "staging pool for CPU-bound prefills, blocks; default: the GPU pool's size, as in NEO"))
+    launch_s: float | None = Field(None, ge=0, description=(
+        "CPU launch term lnch_T, s; default: the profile's neo.launch_s"))
+    linr_s_threshold: int = Field(128, ge=0, description=(
+        "sub-batch width (tokens) kept when trimming CPU prefills"))
+    swap_in_fraction: float = Field(0.95, gt=0, le=1, description=(
+        "swap in only while the GPU pool stays at or below this share"))
 
 
 class SweepSpec(BaseModel):
@@ -97,27 +121,41 @@ class Targets(BaseModel):
     """Latency targets for the sustainable request rate (paper defaults)."""
 
     model_config = ConfigDict(extra="forbid")
-    normalized_latency_s: float = Field(1.0, gt=0)
-    p99_ttft_s: float = Field(5.0, gt=0)
-    p99_itl_s: float = Field(1.5, gt=0)
-    p99_tpot_s: float = Field(1.0, gt=0)
+    normalized_latency_s: float = Field(1.0, gt=0, description=(
+        "mean over requests of end-to-end latency / output tokens, s per token"))
+    p99_ttft_s: float = Field(5.0, gt=0, description="99th percentile time to first token, s")
+    p99_itl_s: float = Field(1.5, gt=0, description=(
+        "99th percentile of all client-observed inter-token gaps, s"))
+    p99_tpot_s: float = Field(1.0, gt=0, description=(
+        "99th percentile over requests of (e2e - TTFT) / (output tokens - 1), s"))
 
 
 class Scenario(BaseModel):
+    """A what-if study: the box (a calibration profile, or a roofline synthesized from specs),
+    the workload, the policies to compare and any overrides. Give exactly one of `profile` and
+    `roofline`."""
+
     model_config = ConfigDict(extra="forbid")
-    name: str = "scenario"
-    description: str = ""
-    profile: str | None = Field(None, description="path to a calibration profile YAML")
-    roofline: RooflineSource | None = None
+    name: str = Field("scenario", description="the study's name, in progress bars and summaries")
+    description: str = Field("", description="free text for the reader")
+    profile: str | None = Field(None, description=(
+        "calibration profile (YAML or JSON), relative to this file"))
+    roofline: RooflineSource | None = Field(None, description=(
+        "synthesize the profile from a hardware spec and a model instead"))
     policies: list[Literal["dualpace", "vllm", "neo"]] = Field(
-        default_factory=lambda: ["dualpace"], min_length=1
+        default_factory=lambda: ["dualpace"], min_length=1,
+        description="the policies to simulate, each once, all on the same profile",
     )
-    workload: WorkloadConfig
-    scheduler: SchedulerOverrides = Field(default_factory=SchedulerOverrides)
-    vllm: VllmSection | None = None
-    neo: NeoSection = Field(default_factory=NeoSection)
-    sweep: SweepSpec | None = None
-    targets: Targets = Field(default_factory=Targets)
+    workload: WorkloadConfig = Field(description="the requests: their lengths and arrivals")
+    scheduler: SchedulerOverrides = Field(default_factory=SchedulerOverrides, description=(
+        "DualPace's scheduler limits and controls"))
+    vllm: VllmSection | None = Field(None, description=(
+        "vLLM's batch limits; required when policies has vllm"))
+    neo: NeoSection = Field(default_factory=NeoSection, description="NEO's limits")
+    sweep: SweepSpec | None = Field(None, description=(
+        "offered rates; required by `dualpace-sim sweep`, ignored by `run`"))
+    targets: Targets = Field(default_factory=Targets, description=(
+        "latency targets for the sustainable request rate"))
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:

@@ -63,8 +63,8 @@ def _non_negative(values: list[float]) -> None:
 class Table1D(StrictModel):
     """y(x), sampled at strictly increasing x."""
 
-    x: list[float]
-    y: list[float]
+    x: list[float] = Field(description="the argument, strictly increasing, at least 2 points")
+    y: list[float] = Field(description="the value at each x, >= 0")
 
     _check_x = field_validator("x")(_strictly_increasing)
 
@@ -81,9 +81,9 @@ class Table1D(StrictModel):
 class Table2D(StrictModel):
     """z(x, y) on the grid x × y; ``z[i][j]`` is the value at ``(x[i], y[j])``."""
 
-    x: list[float]
-    y: list[float]
-    z: list[list[float]]
+    x: list[float] = Field(description="the first argument, strictly increasing, at least 2")
+    y: list[float] = Field(description="the second argument, strictly increasing, at least 2")
+    z: list[list[float]] = Field(description="one row per x, one value per y in each row, >= 0")
 
     _check_axes = field_validator("x", "y")(_strictly_increasing)
 
@@ -103,26 +103,28 @@ class Table2D(StrictModel):
 class Provenance(StrictModel):
     """Where the numbers came from. Roofline profiles are never presented as measurements."""
 
-    method: Literal["measured", "roofline"]
-    date: str
-    command: str | None = None
-    notes: str | None = None
-    # measured
-    host: str | None = None
-    cpu_model: str | None = None
-    gpu_model: str | None = None
-    cpu_cores: int | None = None
-    amx: bool | None = None
-    memory_gib: float | None = None
-    torch_version: str | None = None
-    cuda_version: str | None = None
-    onednn_version: str | None = None
-    # roofline
-    spec_name: str | None = None
-    spec: dict[str, Any] | None = None
-    efficiency: dict[str, float] | None = None
-    parameters: dict[str, int | float | None] | None = None  # synthesize() keyword arguments
-    generator_version: str | None = None
+    method: Literal["measured", "roofline"] = Field(
+        description="measured on a box by `dualpace-hw profile`, or synthesized from specs")
+    date: str = Field(description="when the numbers were made (ISO date)")
+    command: str | None = Field(None, description="the command that wrote the profile")
+    notes: str | None = Field(None, description="free text")
+    host: str | None = Field(None, description="measured: the box's host name")
+    cpu_model: str | None = Field(None, description="measured: CPU model name")
+    gpu_model: str | None = Field(None, description="measured: GPU model name")
+    cpu_cores: int | None = Field(None, description="measured: CPU cores (threads) profiled")
+    amx: bool | None = Field(None, description="measured: whether the CPU has AMX")
+    memory_gib: float | None = Field(None, description="measured: host memory, GiB")
+    torch_version: str | None = Field(None, description="measured: PyTorch version")
+    cuda_version: str | None = Field(None, description="measured: CUDA version")
+    onednn_version: str | None = Field(None, description="measured: oneDNN version")
+    spec_name: str | None = Field(None, description="roofline: the hardware spec's name")
+    spec: dict[str, Any] | None = Field(None, description="roofline: the whole hardware spec")
+    efficiency: dict[str, float] | None = Field(
+        None, description="roofline: the efficiency factors applied to the spec's peaks")
+    parameters: dict[str, int | float | None] | None = Field(
+        None, description="roofline: the synthesizer's keyword arguments")
+    generator_version: str | None = Field(
+        None, description="roofline: version of the synthesizer that wrote the profile")
 
     @field_validator("date", mode="before")
     @classmethod
@@ -132,82 +134,112 @@ class Provenance(StrictModel):
 
 
 class Box(StrictModel):
-    name: str
-    gpu: str
-    gpu_count: PositiveInt = 1
-    tensor_parallel: PositiveInt = 1
-    cpu: str
-    cpu_cores: PositiveInt
+    """The serving node the numbers describe."""
+
+    name: str = Field(description="the box's name, e.g. `h200-spr16`")
+    gpu: str = Field(description="GPU model")
+    gpu_count: PositiveInt = Field(1, description="GPUs serving the model")
+    tensor_parallel: PositiveInt = Field(1, description="GPU tensor-parallel degree")
+    cpu: str = Field(description="CPU model")
+    cpu_cores: PositiveInt = Field(description="CPU cores the CPU engine uses")
 
 
 class GpuCosts(StrictModel):
     """GPU-main primitives; per transformer layer unless the name says otherwise."""
 
-    pre_attn: Table1D  # (tokens)
-    post_attn: Table1D  # (tokens)
-    prefill_attn: Table2D  # (chunk tokens, context tokens after the chunk)
-    decode_attn: Table2D  # (decode requests, their total context tokens)
-    pre_layer: Table1D  # (tokens) embedding, whole model
-    post_layer: Table1D  # (rows) final norm + LM head + sampling, whole model
-    iteration_overhead_s: NonNegativeFloat
-    kv_capacity_blocks: NonNegativeInt
+    pre_attn: Table1D = Field(
+        description="pre-attention stage (RMSNorm, QKV projection, RoPE) by tokens in the batch")
+    post_attn: Table1D = Field(
+        description="post-attention stage (output projection, residual, RMSNorm, MLP) by tokens")
+    prefill_attn: Table2D = Field(
+        description="prefill attention of one chunk by (chunk tokens, context after the chunk)")
+    decode_attn: Table2D = Field(
+        description="paged decode attention by (decode requests, their total context tokens)")
+    pre_layer: Table1D = Field(description="whole model: the embedding, by tokens")
+    post_layer: Table1D = Field(
+        description="whole model: final RMSNorm, LM head and sampling, by sampled rows")
+    iteration_overhead_s: NonNegativeFloat = Field(
+        description="fixed cost of every GPU iteration (building the batch's device inputs)")
+    kv_capacity_blocks: NonNegativeInt = Field(
+        description="HBM KV capacity in blocks of `block_size` tokens")
 
 
 class CpuCosts(StrictModel):
     """CPU decode primitives per CPU batch size b; per layer unless whole-model."""
 
-    pre_layer: Table1D  # (b) whole model
-    pre_attn: Table1D  # (b)
-    decode_attn: Table2D  # (b, total context tokens)
-    post_attn: Table1D  # (b) t_p
-    post_layer: Table1D  # (b) t_l, whole model
-    assist_write: Table1D  # (b) a_w
-    assist_read: Table1D  # (b) a_r
-    hidden_write: Table1D  # (b) h_w
-    iteration_overhead_s: NonNegativeFloat
-    kv_capacity_blocks: NonNegativeInt
+    pre_layer: Table1D = Field(description="whole model: the embedding, by b")
+    pre_attn: Table1D = Field(description="pre-attention stage by b")
+    decode_attn: Table2D = Field(
+        description="paged decode attention over host KV by (b, total context tokens)")
+    post_attn: Table1D = Field(description="t_p(b): the post-attention stage on the CPU")
+    post_layer: Table1D = Field(
+        description="t_l(b), whole model: final RMSNorm, LM head and sampling on the CPU")
+    assist_write: Table1D = Field(
+        description="a_w(b): write the residual and attention output to the Assist Buffer")
+    assist_read: Table1D = Field(
+        description="a_r(b): read the GPU-produced hidden state from the Assist Buffer")
+    hidden_write: Table1D = Field(
+        description="h_w(b): write the final hidden state for a Split-Final post-layer assist")
+    iteration_overhead_s: NonNegativeFloat = Field(
+        description="fixed cost of every CPU iteration")
+    kv_capacity_blocks: NonNegativeInt = Field(
+        description="host KV capacity in blocks of `block_size` tokens")
 
 
 class PerAssistPath(StrictModel):
     """One constant per Dense Assist path (paper Appendix B: p, l_A, l_S)."""
 
-    p: NonNegativeFloat
-    lA: NonNegativeFloat
-    lS: NonNegativeFloat
+    p: NonNegativeFloat = Field(description="a non-final post-attention assist")
+    lA: NonNegativeFloat = Field(
+        description="the final Fused-Assist call (last post-attention stage and the post-layer)")
+    lS: NonNegativeFloat = Field(description="the Split-Final post-layer call")
 
 
 class AssistCosts(StrictModel):
-    g_p: Table1D
-    g_lA: Table1D
-    g_lS: Table1D
-    q: PerAssistPath  # CPU-visible control-path wait
-    o: PerAssistPath  # GPU-worker launch + finalization
-    poll_s: NonNegativeFloat  # per stage boundary on the GPU worker
+    """Dense Assist (paper Appendix B): the CPU waits q_x + g_x(b) for one assisted stage, and
+    the GPU-main work it displaces is o_x + g_x(b)."""
+
+    g_p: Table1D = Field(
+        description="CUDA time of a non-final post-attention assist by b, transfers included")
+    g_lA: Table1D = Field(description="CUDA time of the final Fused-Assist call by b")
+    g_lS: Table1D = Field(description="CUDA time of the Split-Final post-layer call by b")
+    q: PerAssistPath = Field(description="CPU-visible control-path wait per call, s")
+    o: PerAssistPath = Field(description="GPU-worker launch and finalization per call, s")
+    poll_s: NonNegativeFloat = Field(
+        description="GPU worker's check for a ready assist at each stage boundary")
 
 
 class LinkCosts(StrictModel):
     """Host <-> GPU transfers (full duplex): time = latency + bytes / bandwidth."""
 
-    h2d_bytes_per_s: PositiveFloat
-    d2h_bytes_per_s: PositiveFloat
-    latency_s: NonNegativeFloat
+    h2d_bytes_per_s: PositiveFloat = Field(
+        description="host-to-GPU bandwidth of the whole tensor-parallel group")
+    d2h_bytes_per_s: PositiveFloat = Field(
+        description="GPU-to-host bandwidth of the whole tensor-parallel group")
+    latency_s: NonNegativeFloat = Field(description="fixed cost of one transfer")
 
 
 class NeoCosts(StrictModel):
+    """What only the NEO baseline uses."""
+
     # NEO hard-codes its CPU launch term to 0.8 ms (swiftllm perfpredictor `lnch_T`).
-    launch_s: NonNegativeFloat = 0.0008
+    launch_s: NonNegativeFloat = Field(
+        0.0008, description="NEO's CPU launch term lnch_T in its overlap checks (paper Eq. 1)")
 
 
 class ControlsFit(StrictModel):
     """The parameters `dualpace-sim profile fit --write` used (paper §4.3, Algorithm 1)."""
 
-    epsilon: NonNegativeFloat
-    lambda_gpu: NonNegativeFloat
-    k: PositiveInt
-    delta: float = Field(ge=0, lt=1)
-    date: str
-    max_iteration_s: PositiveFloat | None = None
-    iteration_context: PositiveInt | None = None
+    epsilon: NonNegativeFloat = Field(description="regret tolerance ε of Algorithm 1")
+    lambda_gpu: NonNegativeFloat = Field(
+        description="λ_GPU: weight of displaced GPU-main service in the route score (Eq. 6)")
+    k: PositiveInt = Field(description="fitted points averaged into the GPU throughput plateau")
+    delta: float = Field(ge=0, lt=1, description="relative distance δ from the plateau or best")
+    date: str = Field(description="when the fit ran (ISO date)")
+    max_iteration_s: PositiveFloat | None = Field(
+        None, description="latency cap on one CPU iteration, if the CPU limit was capped")
+    iteration_context: PositiveInt | None = Field(
+        None, description="context tokens per request assumed with max_iteration_s")
 
     @field_validator("date", mode="before")
     @classmethod
@@ -218,11 +250,13 @@ class ControlsFit(StrictModel):
 class Controls(StrictModel):
     """Profile-guided controls (paper §4.3); filled by the fits, optional here."""
 
-    route_p: NonNegativeInt | None = None
-    route_f: NonNegativeInt | None = None
-    gpu_token_limit: PositiveInt | None = None
-    cpu_batch_limit: PositiveInt | None = None
-    fit: ControlsFit | None = None
+    route_p: NonNegativeInt | None = Field(
+        None, description="P of Eq. 5: above it a CPU batch is Fused-Assist")
+    route_f: NonNegativeInt | None = Field(
+        None, description="F of Eq. 5: up to it Full-CPU; (P, F) is (0, 0) or F < P")
+    gpu_token_limit: PositiveInt | None = Field(None, description="GPU batched-token limit")
+    cpu_batch_limit: PositiveInt | None = Field(None, description="CPU decode batch limit")
+    fit: ControlsFit | None = Field(None, description="how the controls were fitted")
 
     @model_validator(mode="after")
     def _legal_thresholds(self) -> Controls:
@@ -233,17 +267,20 @@ class Controls(StrictModel):
 
 
 class Profile(StrictModel):
-    format: Literal["dualpace-profile/1"]
-    provenance: Provenance
-    model: ModelShape
-    box: Box
-    block_size: PositiveInt = 16
-    gpu: GpuCosts
-    cpu: CpuCosts
-    assist: AssistCosts
-    link: LinkCosts
-    neo: NeoCosts = Field(default_factory=NeoCosts)
-    controls: Controls | None = None
+    """Everything the simulator knows about one (box, model, parallelism)."""
+
+    format: Literal["dualpace-profile/1"] = Field(description="the file format and its version")
+    provenance: Provenance = Field(description="where the numbers came from")
+    model: ModelShape = Field(description="the model's shape")
+    box: Box = Field(description="the serving node")
+    block_size: PositiveInt = Field(16, description="KV block size in tokens")
+    gpu: GpuCosts = Field(description="GPU-main primitives")
+    cpu: CpuCosts = Field(description="CPU decode primitives")
+    assist: AssistCosts = Field(description="Dense Assist primitives and constants")
+    link: LinkCosts = Field(description="the PCIe link")
+    neo: NeoCosts = Field(default_factory=NeoCosts, description="NEO's own constant")
+    controls: Controls | None = Field(
+        None, description="fitted scheduler controls; a scenario fits them when absent")
 
     def save(self, path: str | Path) -> None:
         """Write YAML (or JSON when the suffix is ``.json``)."""

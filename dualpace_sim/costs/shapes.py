@@ -20,25 +20,47 @@ _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 class ModelShape:
     """Shape of a decoder-only model; every size is in elements unless the name says bytes."""
 
+    # Inside a profile pydantic validates this dataclass: strictly, like the rest of the file,
+    # and with the attribute docstrings below as the descriptions in the profile reference.
+    __pydantic_config__ = {"extra": "forbid", "allow_inf_nan": False,
+                           "use_attribute_docstrings": True}
+
     name: str
+    """the model's name, e.g. `llama-3.1-8b`"""
     n_layers: int
+    """transformer layers N"""
     hidden_size: int
+    """hidden dimension H"""
     n_heads: int
+    """query heads"""
     n_kv_heads: int
+    """key/value heads (GQA); divides n_heads"""
     head_dim: int
+    """dimension of one head"""
     intermediate_size: int
+    """MLP (SwiGLU) inner dimension"""
     vocab_size: int
+    """vocabulary size: the LM head's rows"""
     qk_norm: bool = False
+    """RMSNorm on q and k before RoPE (Qwen3)"""
     dtype_bytes: int = 2
+    """bytes per weight and KV element (2 for bf16)"""
     tie_word_embeddings: bool = False
+    """the LM head shares the embedding's weights"""
     # Numerics the real model needs and costs do not: RMSNorm epsilon and RoPE. A
     # rope_scaling_factor of None means plain RoPE; otherwise Llama-3.1's frequency scaling.
     rms_norm_eps: float = 1e-5
+    """RMSNorm epsilon"""
     rope_theta: float = 10000.0
+    """RoPE base"""
     rope_scaling_factor: float | None = None
+    """Llama-3.1 RoPE scaling factor; null: plain RoPE"""
     rope_low_freq_factor: float = 1.0
+    """Llama-3.1 RoPE scaling: low-frequency factor"""
     rope_high_freq_factor: float = 4.0
+    """Llama-3.1 RoPE scaling: high-frequency factor"""
     rope_original_max_position: int = 8192
+    """Llama-3.1 RoPE scaling: the original context length"""
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -27,16 +27,27 @@ class WorkloadConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    source: Literal["default", "azure", "vidur"] = "default"
-    trace: Literal["conv", "code"] = "conv"
-    path: str | None = None
-    num_requests: int = Field(2000, ge=1)
-    arrival: Literal["poisson", "trace"] = "poisson"
-    rate: float | None = Field(None, gt=0, allow_inf_nan=False)
-    time_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
-    seed: int = 0
-    max_prompt_tokens: int | None = Field(None, ge=1)
-    max_output_tokens: int | None = Field(None, ge=1)
+    source: Literal["default", "azure", "vidur"] = Field("default", description=(
+        "where lengths come from: `default` (embedded length tables, offline), `azure` (the "
+        "2023 trace at `path`, or downloaded), `vidur` (a processed trace at `path`)"))
+    trace: Literal["conv", "code"] = Field("conv", description=(
+        "which Azure trace, with source default, or azure without path"))
+    path: str | None = Field(None, description=(
+        "trace file for azure or vidur, relative to the scenario file"))
+    num_requests: int = Field(2000, ge=1, description=(
+        "requests: the first N of a trace, or N sampled lengths"))
+    arrival: Literal["poisson", "trace"] = Field("poisson", description=(
+        "`poisson`: exponential gaps normalized to `rate`, fixed seed; `trace`: the trace's own "
+        "timestamps"))
+    rate: float | None = Field(None, gt=0, allow_inf_nan=False, description=(
+        "offered load, requests per second (arrival: poisson)"))
+    time_scale: float = Field(1.0, gt=0, allow_inf_nan=False, description=(
+        "multiply every gap between trace timestamps by this (arrival: trace)"))
+    seed: int = Field(0, description="seed of the arrival gaps and of sampled lengths")
+    max_prompt_tokens: int | None = Field(None, ge=1, description=(
+        "clip every prompt to this many tokens"))
+    max_output_tokens: int | None = Field(None, ge=1, description=(
+        "clip every output (its max_tokens) to this many tokens"))
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkloadConfig:

@@ -4,6 +4,14 @@ Dense Assist, against greedy tokens from a dense forward of each request."""
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -12,10 +20,12 @@ from typer.testing import CliRunner
 
 from dualpace_hw.cli import app
 from dualpace_hw.model import Model, ModelWeights, greedy
-from dualpace_hw.runtime import AssistChannel
-from dualpace_hw.serve import build_runtime
+from dualpace_hw.runtime import AssistChannel, EngineFailure
+from dualpace_hw.serve import build_runtime, run_real
 from dualpace_sim.core import Owner
+from dualpace_sim.core.journal import JOURNAL_FILE, Journal
 from dualpace_sim.records import read_records
+from dualpace_sim.replay import replay, replay_run
 from dualpace_sim.scenario import load_scenario
 
 from .reference import dense_logits
@@ -102,3 +112,89 @@ def test_assist_channel_hands_off_and_survives_a_stop():
     stop["now"] = True
     with pytest.raises(RuntimeError, match="stopped"):
         channel.assist_post_layer(torch.ones(1))
+
+
+
+def slow_scenario(tmp_path, policies=("dualpace",)):
+    """Enough CPU-resident decoding that the CPU engine is mid-run for several seconds."""
+    path = tmp_path / "slow.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "real-tiny-slow",
+        "roofline": {"hardware": "rtx4090-xeon4510-12c", "model": "tiny-llama"},
+        "policies": list(policies),
+        "scheduler": {"gpu_kv_blocks": 10, "host_kv_blocks": 4000, "gpu_token_limit": 64,
+                      "cpu_batch_limit": 8, "route_p": 0, "route_f": 0},
+        "workload": {"source": "default", "num_requests": 40, "rate": 20.0, "seed": 3,
+                     "max_prompt_tokens": 40, "max_output_tokens": 400},
+    }))
+    return path
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or only a zombie (it exited; its parent has not reaped it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1].startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
+def test_a_killed_cpu_worker_ends_the_run_with_a_clear_error(tmp_path):
+    runtime = build_runtime(load_scenario(slow_scenario(tmp_path)), "dualpace", "cpu", None)
+    pid = runtime.cpu_engine.pid
+
+    def kill_when_busy() -> None:
+        deadline = time.monotonic() + 60
+        while runtime.stats.cpu_rounds < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_when_busy)
+    killer.start()
+    with pytest.raises(EngineFailure, match=r"CPU engine failed: .*process \(pid \d+\) died "
+                                            r"\(killed by SIGKILL\)"):
+        runtime.serve()
+    killer.join()
+    assert runtime.stats.cpu_rounds >= 3
+    assert not runtime.cpu_engine.alive and _gone(pid)
+    assert not multiprocessing.active_children()
+
+
+def test_ctrl_c_stops_both_engines_and_the_cpu_process(tmp_path):
+    """SIGINT reaches the whole process group, as from a terminal: the CLI exits with 130 and a
+    message, and the CPU engine's process does not outlive it."""
+    cmd = [sys.executable, "-c", "from dualpace_hw.cli import main; main()", "run",
+           str(slow_scenario(tmp_path)), "--out", str(tmp_path / "out"), "--device", "cpu"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    line = proc.stdout.readline()
+    match = re.search(r"CPU engine process (\d+)", line)
+    assert match, line + proc.stderr.read()
+    pid = int(match.group(1))
+    time.sleep(2.0)  # serving
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    assert "interrupted: the engines stopped" in err and "Traceback" not in err
+    assert _gone(pid)
+
+
+def test_replaying_the_journal_reproduces_every_decision(tmp_path):
+    """The replay check: the same core fed the runtime's measured times and inputs makes the
+    same plans and gives every request the same token times; a changed plan is caught."""
+    loaded = load_scenario(scenario(tmp_path, ["dualpace", "vllm"], route_p=0, route_f=0))
+    out = tmp_path / "real"
+    run_real(loaded, out, "cpu")
+    reports = replay_run(out, loaded)
+    assert [r.policy for r in reports] == ["dualpace", "vllm"]
+    for r in reports:
+        assert r.ok and r.records_match, r.line()
+        assert r.plans > 10
+    journal = Journal.read(out / JOURNAL_FILE.format(policy="dualpace"))
+    kinds = {(e.engine, e.call) for e in journal.entries}
+    assert {("gpu", "migrations_done"), ("cpu", "apply")} <= kinds, "CPU tier and migrations ran"
+    # The runtime decided otherwise than the core would have: the replay says where.
+    entry = next(e for e in journal.entries if e.data.get("plan", {}).get("decodes"))
+    entry.data["plan"]["decodes"] = entry.data["plan"]["decodes"][::-1] + [999]
+    tampered = replay(journal, loaded, "dualpace")
+    assert not tampered.ok and "999" in tampered.mismatches[0]
