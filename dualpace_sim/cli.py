@@ -11,6 +11,7 @@ import typer
 from .profile_cli import profile_app
 from .scenario import ScenarioError
 from .sim import SimulationStalled
+from .traces_cli import traces_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Simulate GPU+CPU cooperative LLM serving (DualPace).")
@@ -168,6 +169,8 @@ def validate(
 
 app.add_typer(profile_app, name="profile", help="Inspect a calibration profile and fit its "
               "controls (routing thresholds P/F, GPU token limit, CPU batch limit).")
+app.add_typer(traces_app, name="traces", help="List the public LLM request traces scenarios can "
+              "replay (Azure 2023/2024, Vidur, Mooncake) and download them into the cache.")
 
 
 @app.command()

@@ -1,26 +1,37 @@
-"""Workloads: trace loaders, the embedded default length distributions, arrival processes and
-the scenario's ``workload:`` section, all ending in a list of :class:`RequestSpec`."""
+"""Workloads: the registry of public traces and their download cache, trace loaders, the
+embedded default length distributions, arrival processes and the scenario's ``workload:``
+section, all ending in a list of :class:`RequestSpec`."""
 
 from dualpace_sim.workload.arrivals import poisson_arrivals, trace_arrivals
 from dualpace_sim.workload.build import WorkloadConfig, build_requests, with_rate
 from dualpace_sim.workload.default import LengthTable, load_length_table, sample_lengths
-from dualpace_sim.workload.fetch import azure_trace_path
+from dualpace_sim.workload.fetch import trace_path
+from dualpace_sim.workload.registry import TRACES, TraceEntry, trace_entry
 from dualpace_sim.workload.spec import RequestSpec, WorkloadError
-from dualpace_sim.workload.traces import TraceRows, load_azure_trace, load_vidur_trace
+from dualpace_sim.workload.traces import (
+    TraceRows,
+    load_azure_trace,
+    load_mooncake_trace,
+    load_vidur_trace,
+)
 
 __all__ = [
     "LengthTable",
     "RequestSpec",
+    "TRACES",
+    "TraceEntry",
     "TraceRows",
     "WorkloadConfig",
     "WorkloadError",
-    "azure_trace_path",
     "build_requests",
     "load_azure_trace",
     "load_length_table",
+    "load_mooncake_trace",
     "load_vidur_trace",
     "poisson_arrivals",
     "sample_lengths",
     "trace_arrivals",
+    "trace_entry",
+    "trace_path",
     "with_rate",
 ]

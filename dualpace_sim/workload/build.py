@@ -10,9 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dualpace_sim.workload.arrivals import poisson_arrivals, trace_arrivals
 from dualpace_sim.workload.default import sample_lengths
-from dualpace_sim.workload.fetch import azure_trace_path
+from dualpace_sim.workload.fetch import trace_path
+from dualpace_sim.workload.registry import TRACES, trace_entry
 from dualpace_sim.workload.spec import RequestSpec, WorkloadError
-from dualpace_sim.workload.traces import TraceRows, load_azure_trace, load_vidur_trace
+from dualpace_sim.workload.traces import LOADERS, TraceRows
 
 
 class WorkloadConfig(BaseModel):
@@ -20,20 +21,25 @@ class WorkloadConfig(BaseModel):
 
     ``source``: ``default`` samples the embedded Azure length tables (works offline); ``azure``
     replays an Azure LLM Inference Trace 2023 file (``path``, or downloaded and cached when
-    absent); ``vidur`` replays a Vidur processed trace at ``path``. Traces use their first
+    absent); ``vidur`` and ``mooncake`` replay a Vidur processed trace or a Mooncake JSON-lines
+    trace at ``path``; ``trace`` replays the registered public trace named by ``trace`` (see
+    `dualpace-sim traces list`), downloaded and cached on first use. Traces use their first
     ``num_requests`` rows. ``arrival: poisson`` offers ``rate`` req/s (normalized exponential gaps);
     ``arrival: trace`` replays the trace's timestamps with every gap multiplied by ``time_scale``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    source: Literal["default", "azure", "vidur"] = Field("default", description=(
-        "where lengths come from: `default` (embedded length tables, offline), `azure` (the "
-        "2023 trace at `path`, or downloaded), `vidur` (a processed trace at `path`)"))
-    trace: Literal["conv", "code"] = Field("conv", description=(
-        "which Azure trace, with source default, or azure without path"))
+    source: Literal["default", "azure", "vidur", "mooncake", "trace"] = Field(
+        "default", description=(
+            "where lengths come from: `default` (embedded length tables, offline); `azure`, "
+            "`vidur` or `mooncake` (a trace file at `path`; azure without path: the 2023 "
+            "trace, downloaded); `trace` (a registered public trace named by `trace`)"))
+    trace: str = Field("conv", description=(
+        "sources default and azure: `conv` or `code`; source trace: a registered trace's name "
+        "(`dualpace-sim traces list`)"))
     path: str | None = Field(None, description=(
-        "trace file for azure or vidur, relative to the scenario file"))
+        "trace file for azure, vidur or mooncake, relative to the scenario file"))
     num_requests: int = Field(2000, ge=1, description=(
         "requests: the first N of a trace, or N sampled lengths"))
     arrival: Literal["poisson", "trace"] = Field("poisson", description=(
@@ -62,9 +68,18 @@ class WorkloadConfig(BaseModel):
         if self.source == "default" and self.arrival == "trace":
             raise ValueError("source: default has no timestamps; use arrival: poisson")
         if self.source == "default" and self.path is not None:
-            raise ValueError("source: default takes no path; use source: azure or vidur")
-        if self.source == "vidur" and self.path is None:
-            raise ValueError("source: vidur needs path (a Vidur processed trace CSV)")
+            raise ValueError("source: default takes no path; use source: azure, vidur or "
+                             "mooncake")
+        if self.source in ("vidur", "mooncake") and self.path is None:
+            raise ValueError(f"source: {self.source} needs path (a {self.source} trace file)")
+        if self.source == "trace" and self.path is not None:
+            raise ValueError("source: trace replays a registered trace named by trace; for a "
+                             "file use source: azure, vidur or mooncake with path")
+        if self.source == "trace" and self.trace not in TRACES:
+            raise ValueError(f"source: trace needs trace: one of {', '.join(TRACES)}")
+        if self.source in ("default", "azure") and self.trace not in ("conv", "code"):
+            raise ValueError(f"trace: {self.trace!r} is not conv or code; to replay a registered "
+                             "trace use source: trace")
         if self.path is not None and "trace" in given:
             raise ValueError("trace (conv/code) picks a built-in or downloaded trace; with path "
                              "the file decides, so drop trace or path")
@@ -98,8 +113,8 @@ def build_requests(cfg: WorkloadConfig, base_dir: Path) -> list[RequestSpec]:
         arrivals = poisson_arrivals(len(prompt), cfg.rate, arrival_seed)
     elif timestamps is None:
         raise WorkloadError(
-            f"{cfg.path}: no arrived_at column, so arrival: trace is impossible; "
-            "use arrival: poisson with a rate"
+            f"{rows.source}: no arrival times (no arrived_at column), so arrival: trace is "
+            "impossible; use arrival: poisson with a rate"
         )
     else:
         arrivals = trace_arrivals(timestamps, cfg.time_scale)
@@ -116,10 +131,12 @@ def build_requests(cfg: WorkloadConfig, base_dir: Path) -> list[RequestSpec]:
 
 
 def _load_trace(cfg: WorkloadConfig, base_dir: Path) -> TraceRows:
-    if cfg.path is None:
-        return load_azure_trace(azure_trace_path(cfg.trace), first_n=cfg.num_requests)
-    path = Path(cfg.path).expanduser()
-    if not path.is_absolute():
-        path = base_dir / path
-    loader = load_azure_trace if cfg.source == "azure" else load_vidur_trace
-    return loader(path, first_n=cfg.num_requests)
+    if cfg.source == "trace":
+        path, fmt = trace_path(cfg.trace), trace_entry(cfg.trace).format
+    elif cfg.path is None:  # source: azure, trace: conv/code
+        path, fmt = trace_path(f"azure-2023-{cfg.trace}"), "azure"
+    else:
+        path, fmt = Path(cfg.path).expanduser(), cfg.source
+        if not path.is_absolute():
+            path = base_dir / path
+    return LOADERS[fmt](path, first_n=cfg.num_requests)

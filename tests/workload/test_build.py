@@ -69,6 +69,39 @@ def test_vidur_without_timestamps_rejects_trace_arrivals(tmp_path):
     assert [r.prompt_tokens for r in build_requests(cfg, tmp_path)] == [10, 20]
 
 
+MOONCAKE = ('{"timestamp": 0, "input_length": 6955, "output_length": 52, "hash_ids": [46, 47]}\n'
+            '{"timestamp": 2500, "input_length": 6472, "output_length": 26, "hash_ids": [46]}\n')
+
+
+def test_mooncake_file_replays_its_timestamps(tmp_path):
+    (tmp_path / "m.jsonl").write_text(MOONCAKE)
+    cfg = WorkloadConfig(source="mooncake", path="m.jsonl", num_requests=2, arrival="trace")
+    requests = build_requests(cfg, tmp_path)
+    assert requests == [RequestSpec(0.0, 6955, 52), RequestSpec(2.5, 6472, 26)]
+
+
+def test_registered_trace_is_read_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cached = tmp_path / "dualpace" / "traces" / "mooncake-toolagent" / "toolagent_trace.jsonl"
+    cached.parent.mkdir(parents=True)
+    cached.write_text(MOONCAKE)
+    cfg = WorkloadConfig(source="trace", trace="mooncake-toolagent", num_requests=2,
+                         arrival="trace", time_scale=2.0)
+    assert [r.arrival_s for r in build_requests(cfg, Path("."))] == [0.0, 5.0]
+
+
+def test_registered_vidur_trace_without_arrivals_names_itself(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cached = (tmp_path / "dualpace" / "traces" / "vidur-sharegpt"
+              / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv")
+    cached.parent.mkdir(parents=True)
+    cached.write_text("num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n"
+                      "10,2,12,5.0\n")
+    cfg = WorkloadConfig(source="trace", trace="vidur-sharegpt", num_requests=1, arrival="trace")
+    with pytest.raises(WorkloadError, match="vidur:sharegpt_8k.*no arrival times"):
+        build_requests(cfg, Path("."))
+
+
 @pytest.mark.parametrize(
     ("fields", "expected"),
     [
@@ -80,6 +113,11 @@ def test_vidur_without_timestamps_rejects_trace_arrivals(tmp_path):
         ({"source": "vidur", "rate": 1.0}, "needs path"),
         ({"source": "default", "path": "x.csv", "rate": 1.0}, "takes no path"),
         ({"source": "azure", "path": "x.csv", "trace": "code", "rate": 1.0}, "drop trace or path"),
+        ({"source": "mooncake", "rate": 1.0}, "needs path"),
+        ({"source": "trace", "rate": 1.0}, "trace needs trace: one of azure-2023-conv"),
+        ({"source": "trace", "trace": "mooncake-chat", "rate": 1.0}, "needs trace: one of"),
+        ({"source": "trace", "path": "x.jsonl", "rate": 1.0}, "for a file use source"),
+        ({"source": "azure", "trace": "mooncake-toolagent", "rate": 1.0}, "use source: trace"),
         ({"rate": 1.0, "num_request": 5}, "Extra inputs"),
         ({"rate": 1.0, "num_requests": 0}, "greater than or equal to 1"),
     ],
