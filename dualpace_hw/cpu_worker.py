@@ -8,7 +8,8 @@ the GPU engine's swaps and Prefill-to-CPU copies land there directly), the CPU e
 the weights, and the Dense Assist buffers. The pipe carries only small messages:
 
     parent -> worker: ("step", CpuStep) | ("assisted",) | ("stop",)
-    worker -> parent: ("ready", pid) | ("assist", kind, layer, rows) | ("done", tokens, busy_s)
+    worker -> parent: ("ready", pid) | ("assist", kind, layer, rows)
+                      | ("done", tokens, busy_s, assist_s)
                       | ("error", message)
 
 Dense Assist: the worker writes the attention output and residual into the shared buffers and
@@ -32,8 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dualpace_sim.costs.shapes import ModelShape
 from dualpace_sim.core.routing import Route
+from dualpace_sim.costs.shapes import ModelShape
 
 from .cpu_executor import CpuExecutor, CpuStep
 from .kv import PagedKVPool
@@ -96,9 +97,11 @@ class _RemoteAssist:
     def __init__(self, conn, buffers: tuple[torch.Tensor, ...]) -> None:
         self.conn = conn
         self.attn, self.residual, self.hidden, self.tokens = buffers
+        self.waited_s = 0.0  # in assists, end to end, since the last reset
 
     def _call(self, kind: str, layer: int, attn: torch.Tensor | None,
               residual: torch.Tensor) -> int:
+        start = time.perf_counter()
         n = residual.shape[0]
         if attn is not None:
             self.attn[:n].copy_(attn)
@@ -107,6 +110,7 @@ class _RemoteAssist:
         reply = self.conn.recv()
         if reply[0] != "assisted":
             raise WorkerStopped(reply[0])
+        self.waited_s += time.perf_counter() - start
         return n
 
     def assist_post_attn(self, layer, attn_out, residual):
@@ -133,9 +137,9 @@ def _worker_main(conn, spec: WorkerSpec) -> None:
         storage = parena.view(spec.pool)
         pool = PagedKVPool(spec.shape, storage.shape[2], spec.block_size, dtype=storage.dtype,
                            storage=storage)
-        ex = CpuExecutor(model, pool, tokens=None,
-                         assist=_RemoteAssist(conn, spec.assist.views(parena)),
-                         threads=spec.threads, cores=spec.cores)
+        assist = _RemoteAssist(conn, spec.assist.views(parena))
+        ex = CpuExecutor(model, pool, tokens=None, assist=assist, threads=spec.threads,
+                         cores=spec.cores)
         ex.configure_thread()
         # Warm-up: load the attention kernel and start the thread team now, not in the first
         # real step. It writes position 0 of block 0; whoever owns block 0 later writes its own
@@ -146,9 +150,9 @@ def _worker_main(conn, spec: WorkerSpec) -> None:
             msg = conn.recv()
             if msg[0] != "step":
                 return
-            start = time.perf_counter()
+            start, assist.waited_s = time.perf_counter(), 0.0
             tokens = ex.run(msg[1])
-            conn.send(("done", tokens, time.perf_counter() - start))
+            conn.send(("done", tokens, time.perf_counter() - start, assist.waited_s))
     except (EOFError, BrokenPipeError, WorkerStopped):
         return  # the parent is gone or stopped us
     except BaseException as e:  # noqa: BLE001 - reported to the parent
@@ -239,9 +243,10 @@ class CpuEngineProcess:
         return msg
 
     def step(self, step: CpuStep, assist: Callable[[str, int, int], None],
-             stopped: Callable[[], bool]) -> tuple[dict[int, int], float]:
+             stopped: Callable[[], bool]) -> tuple[dict[int, int], float, float]:
         """Run one step in the worker; serve its Dense Assists through `assist(kind, layer,
-        rows)`, which reads and writes this object's shared buffers. Returns (tokens, busy_s)."""
+        rows)`, which reads and writes this object's shared buffers. Returns (tokens, busy_s,
+        assist_s): the step's time in the worker, and the part it waited on its assists."""
         self.conn.send(("step", step))
         while True:
             while not self.conn.poll(0.05):
@@ -251,7 +256,7 @@ class CpuEngineProcess:
                     raise WorkerFailed(self._death())
             msg = self._recv()
             if msg[0] == "done":
-                return msg[1], msg[2]
+                return msg[1], msg[2], msg[3]
             _, kind, layer, rows = msg
             assist(kind, layer, rows)
             self.conn.send(("assisted",))

@@ -35,6 +35,7 @@ from dualpace_sim.core import (
     assist_reachable,
 )
 from dualpace_sim.core.journal import Journal, describe_cpu, describe_gpu
+from dualpace_sim.core.routing import Route
 from dualpace_sim.core.vllm import VllmConfig, VllmScheduler
 
 from .cpu_executor import CpuStep
@@ -43,6 +44,37 @@ from .gpu_executor import GpuExecutor
 from .kv import PagedKVPool
 from .model import Model
 from .tokens import TokenStore
+
+
+class _StagePace:
+    """Bounds how far the GPU engine's host thread runs ahead of the GPU, stage by stage.
+
+    Kernel launches are asynchronous: left alone, the host enqueues a whole round and then
+    blocks until the GPU finishes it, and a Dense Assist published meanwhile waits for the
+    whole round. Recording an event per stage and waiting for the one before lets the host serve
+    assists at real stage boundaries while the GPU always has the next stage queued."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.events: list[torch.cuda.Event] = []
+
+    def stage_done(self) -> None:
+        if not self.cuda:
+            return
+        ev = torch.cuda.Event()
+        ev.record()
+        self.events.append(ev)
+        if len(self.events) >= 2:
+            self.events[-2].synchronize()
+
+    def drain(self, serve) -> None:
+        """Wait for the round's last stage, serving assists meanwhile."""
+        if not self.events:
+            return
+        last = self.events[-1]
+        while not last.query():
+            if not serve():
+                time.sleep(50e-6)
 
 
 class EngineFailure(RuntimeError):
@@ -63,10 +95,15 @@ class AssistChannel:
         self._result = None
         self._done = threading.Event()
         self.calls = 0
+        self.wait_s = 0.0  # CPU-Ready -> GPU-Running, summed: the stage-boundary wait
+        self.service_s = 0.0  # GPU-Running -> GPU-Done, summed
+        self._ready_at = 0.0
+        self.expecting = False  # the CPU engine is in a step that needs Dense Assist
 
     def _call(self, kind: str, *args):
         self._done.clear()
         self._request = (kind, args)
+        self._ready_at = time.perf_counter()
         self.state = "CPU-Ready"
         self._wake()
         while not self._done.wait(0.05):
@@ -89,10 +126,13 @@ class AssistChannel:
         if self.state != "CPU-Ready":
             return False
         self.state = "GPU-Running"
+        start = time.perf_counter()
+        self.wait_s += start - self._ready_at
         kind, args = self._request
         name = {"p": "assist_post_attn", "lA": "assist_fused_final", "lS": "assist_post_layer"}
         self._result = getattr(ex, name[kind])(*args)
         self.calls += 1
+        self.service_s += time.perf_counter() - start
         self.state = "GPU-Done"
         self._done.set()
         return True
@@ -103,6 +143,9 @@ class RunStats:
     gpu_rounds: int = 0
     cpu_rounds: int = 0
     assist_calls: int = 0
+    assist_wait_s: float = 0.0  # Dense Assists: CPU-Ready -> GPU-Running (stage boundaries)
+    assist_service_s: float = 0.0  # GPU-Running -> GPU-Done (inputs in, stage, outputs out)
+    cpu_assist_s: float = 0.0  # the CPU engine's process, waiting on its assists end to end
     cpu_busy_s: float = 0.0
     gpu_busy_s: float = 0.0
     wall_s: float = 0.0
@@ -229,7 +272,9 @@ class DualPaceRuntime(_Engines):
         finally:
             if affinity:
                 os.sched_setaffinity(0, affinity)
-            self.stats.assist_calls = self.channel.calls
+            ch = self.channel
+            self.stats.assist_calls, self.stats.assist_wait_s = ch.calls, ch.wait_s
+            self.stats.assist_service_s = ch.service_s
             self.cpu_engine.close()
 
     def _idle_wait(self) -> None:
@@ -264,10 +309,18 @@ class DualPaceRuntime(_Engines):
             tokens: dict[int, int] = {}
             if plan.has_forward:
                 fw = ex.stages(plan)
+                pace = _StagePace(ex.device) if self.stage_mode else None
                 for stage in fw:
                     stage()
-                    if self.stage_mode:
-                        self.channel.serve(ex)  # stage boundary: a ready assist goes first
+                    if pace is not None:
+                        # Stage boundary: a ready assist goes first. While the CPU engine is in
+                        # a step that needs Dense Assist, keep the host at most one stage ahead
+                        # of the GPU, so an assist waits for one stage, not the whole round.
+                        if self.channel.expecting:
+                            pace.stage_done()
+                        self.channel.serve(ex)
+                if pace is not None:
+                    pace.drain(lambda: self.channel.serve(ex))
                 tokens = fw.result()
             elif plan.has_migrations:
                 ex.migrate(plan)
@@ -302,8 +355,14 @@ class DualPaceRuntime(_Engines):
             self.stats.cpu_rounds += 1
             routes = self.stats.routes
             routes[plan.route.value] = routes.get(plan.route.value, 0) + 1
-            tokens, busy = self.cpu_engine.step(step, self._assist, self.stop.is_set)
+            self.channel.expecting = plan.route != Route.FULL_CPU
+            try:
+                tokens, busy, assist_s = self.cpu_engine.step(step, self._assist,
+                                                              self.stop.is_set)
+            finally:
+                self.channel.expecting = False
             self.stats.cpu_busy_s += busy
+            self.stats.cpu_assist_s += assist_s
             with self.work:
                 sched.apply(plan, CpuResult(self.record("cpu", "apply", tokens=tokens), tokens))
                 for req_id, tok in tokens.items():
