@@ -17,7 +17,7 @@ $(BIN)/dualpace-sim: pyproject.toml
 
 $(VENV)/.hw: $(BIN)/dualpace-sim
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[dev,hw,notebooks,docs]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,hw,notebooks,docs,ray]"
 	touch $@
 
 demo: $(BIN)/dualpace-sim

@@ -16,8 +16,11 @@ and rerunning the same command computes only what is missing. Every point and ``
 carry a hash of the scenario file and the files it refers to (profile, roofline spec/model,
 trace), so results of an edited scenario are never mixed with old ones.
 
-Workers are separate processes (``concurrent.futures.ProcessPoolExecutor``); each loads the
-scenario itself at its rate and runs :func:`dualpace_sim.runner.simulate`. With one worker the
+This process loads the scenario once per rate, hands each point to an executor
+(:mod:`dualpace_sim.executors`: worker processes of this machine, or Ray tasks on a cluster) that
+runs :func:`compute_point` (:func:`dualpace_sim.runner.simulate`) and returns the records and
+summary, and writes each point as it comes back (:func:`write_point`). So every executor gives
+the same files, byte for byte, and workers never touch the file system. With one worker the
 points run in this process, one after another (also what tests use to monkeypatch).
 """
 
@@ -25,25 +28,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import shutil
-import signal
-import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 from tqdm import tqdm
 
+from .executors import InProcess, ProcessPool, RayCluster
 from .metrics import longest_cpu_stall, sustainable_rate
 from .records import write_records
 from .runner import _json_safe, simulate
-from .scenario import Scenario, load_scenario, read_scenario
+from .scenario import LoadedScenario, Scenario, load_scenario, read_scenario
 
 # The metrics that have a target, in the order tables show them.
 TARGET_METRICS = ("normalized_latency_s", "p99_ttft_s", "p99_itl_s", "p99_tpot_s")
@@ -158,89 +158,48 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def run_point(scenario: str, policy: str, rate: float, pdir: str, digest: str) -> dict:
-    """Compute one point and write its files; in a worker process or in this one.
+@dataclass
+class PointResult:
+    """What computing one point gives back; the sweep writes it (:func:`write_point`)."""
 
-    Never raises on a failing simulation (the traceback goes to ``error.txt``), so one bad
-    point cannot take the others down. Returns ``{policy, rate, ok, wall_s, error}``.
+    wall_s: float | None
+    frame: pd.DataFrame | None = None  # per-request records; None when the point failed
+    summary: dict | None = None
+    error: str | None = None  # one line
+    traceback: str | None = None  # for the point's error.txt
+
+
+def compute_point(loaded: LoadedScenario, policy: str, digest: str) -> PointResult:
+    """Simulate one point, in this process, a pool worker or a Ray task; writes nothing.
+
+    Never raises on a failing simulation (the traceback comes back for ``error.txt``), so one
+    bad point cannot take the others down. Taking the loaded scenario and returning the results
+    keeps files out of the workers: a Ray node needs neither the scenario's files nor ``out``.
     """
     start = time.perf_counter()
-    target = Path(pdir)
     try:
-        loaded = load_scenario(scenario, rate=rate)
         frame, summary = simulate(loaded, policy)
         summary["longest_cpu_stall_s"] = longest_cpu_stall(frame)
         summary["scenario_hash"] = digest
-        target.mkdir(parents=True, exist_ok=True)
-        tmp = target / ".requests.parquet.tmp"
-        write_records(frame, tmp)
-        os.replace(tmp, target / "requests.parquet")
-        _write_json(target / "summary.json", summary)  # last: it marks the point finished
-        (target / "error.txt").unlink(missing_ok=True)
     except Exception as exc:  # noqa: BLE001 - any failure of a point is reported, not raised
-        for leftover in (".requests.parquet.tmp", ".summary.json.tmp"):
-            (target / leftover).unlink(missing_ok=True)
-        _write_error(target, traceback.format_exc())
-        return {"policy": policy, "rate": rate, "ok": False,
-                "wall_s": time.perf_counter() - start, "error": _one_line(exc)}
-    return {"policy": policy, "rate": rate, "ok": True, "wall_s": time.perf_counter() - start,
-            "error": None}
+        return PointResult(time.perf_counter() - start, error=_one_line(exc),
+                           traceback=traceback.format_exc())
+    return PointResult(time.perf_counter() - start, frame, summary)
 
 
-def _worker_init() -> None:
-    # Ctrl-C goes to the whole process group; only the parent handles it (and stops workers).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Workers draw no bars: a thread lock keeps tqdm from creating a named multiprocessing lock,
-    # which a worker stopped on Ctrl-C would leave to the resource tracker (a "leaked" warning).
-    tqdm.set_lock(threading.RLock())
-
-
-def _mp_context():
-    """forkserver where available: workers fork from a clean, single-threaded server that has
-    already imported the simulator, so starting them is cheap and safe."""
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["dualpace_sim.sweep"])
-        return ctx
-    return multiprocessing.get_context("spawn")
-
-
-def _run_pool(todo: list[tuple[str, float]], scenario: Path, out: Path, digest: str,
-              workers: int, on_result: Callable[[dict], None],
-              start_progress: Callable[[], None]) -> None:
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context(),
-                               initializer=_worker_init)
-    interrupted = False
-    try:
-        # Longest points (highest rates) first, so the last busy worker finishes soonest.
-        order = sorted(todo, key=lambda p: -p[1])
-        futures = {pool.submit(run_point, str(scenario), policy, rate,
-                               str(point_dir(out, policy, rate)), digest): (policy, rate)
-                   for policy, rate in order}
-        start_progress()
-        for fut in as_completed(futures):
-            policy, rate = futures[fut]
-            try:
-                result = fut.result()
-            except Exception as exc:  # noqa: BLE001 - e.g. a worker killed by the OS
-                _write_error(point_dir(out, policy, rate),
-                             "".join(traceback.format_exception(exc)))
-                result = {"policy": policy, "rate": rate, "ok": False, "wall_s": None,
-                          "error": _one_line(exc)}
-            on_result(result)
-    except KeyboardInterrupt:
-        interrupted = True
-        raise
-    finally:
-        if interrupted:
-            processes = list((getattr(pool, "_processes", None) or {}).values())
-            pool.shutdown(wait=False, cancel_futures=True)
-            for proc in processes:  # a point being written is atomic, so killing is safe
-                proc.terminate()
-            for proc in processes:
-                proc.join(timeout=5)
-        else:
-            pool.shutdown(wait=True)
+def write_point(pdir: Path, result: PointResult) -> None:
+    """Write one computed point as it finishes: ``requests.parquet``, then ``summary.json``
+    (last: it marks the point finished), each to a temporary name and renamed; or
+    ``error.txt`` when it failed."""
+    if result.summary is None:
+        _write_error(pdir, result.traceback)
+        return
+    pdir.mkdir(parents=True, exist_ok=True)
+    tmp = pdir / ".requests.parquet.tmp"
+    write_records(result.frame, tmp)
+    os.replace(tmp, pdir / "requests.parquet")
+    _write_json(pdir / "summary.json", result.summary)
+    (pdir / "error.txt").unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------- the sweep
@@ -349,12 +308,18 @@ def run_sweep(
     workers: int | None = None,
     restart: bool = False,
     progress: bool = True,
+    ray: str | None = None,
 ) -> SweepResult:
     """Run (or resume) the sweep of ``scenario`` into ``out``; see the module docstring.
 
+    The points run in ``workers`` local processes (default: one per CPU), or, given ``ray``, as
+    tasks on the Ray cluster at that address (see :class:`executors.RayCluster`; ``workers``
+    then caps the points running at once, default no cap). Either way they give the same files.
+
     Raises ScenarioError (bad scenario), SweepError (no sweep section, ``out`` holds a sweep of
-    another scenario version, bad ``workers``) before computing anything, and SweepInterrupted on
-    Ctrl-C. Failing points do not raise: they are in ``result.failed``.
+    another scenario version, bad ``workers``) and ExecutorUnavailable (Ray not installed or not
+    reachable) before computing anything, and SweepInterrupted on Ctrl-C. Failing points do not
+    raise: they are in ``result.failed``.
     """
     scenario, out = Path(scenario), Path(out)
     start = time.perf_counter()
@@ -362,15 +327,15 @@ def run_sweep(
     if spec.sweep is None:
         raise SweepError(f"{scenario}: sweep: the scenario has no sweep section; add e.g. "
                          f"`sweep: {{rates: [1.0, 2.0, 3.0]}}` (offered req/s, increasing)")
-    workers = (os.cpu_count() or 1) if workers is None else workers
-    if workers < 1:
+    if workers is not None and workers < 1:
         raise SweepError(f"--workers: must be at least 1 (got {workers})")
+    cluster = RayCluster(ray, max_running=workers) if ray is not None else None
     rates = [float(r) for r in spec.sweep.rates]
     # Everything a worker could trip over in the scenario fails here, once, as one line.
-    loaded = load_scenario(scenario, rate=rates[0])
-    policies = list(dict.fromkeys(loaded.spec.policies))  # a repeated name runs once
+    first = load_scenario(scenario, rate=rates[0])
+    policies = list(dict.fromkeys(first.spec.policies))  # a repeated name runs once
     grid = [(p, r) for p in policies for r in rates]
-    targets = loaded.spec.targets.model_dump()
+    targets = first.spec.targets.model_dump()
     digest = scenario_hash(scenario)
     if restart:
         _clear(out)
@@ -378,11 +343,10 @@ def run_sweep(
     out.mkdir(parents=True, exist_ok=True)
     (out / "points").mkdir(exist_ok=True)
     _write_json(out / "sweep.json", {
-        "scenario": str(scenario.resolve()), "name": loaded.spec.name, "scenario_hash": digest,
-        "hashed_files": [str(f.resolve()) for f in referenced_files(scenario, loaded.spec)],
+        "scenario": str(scenario.resolve()), "name": first.spec.name, "scenario_hash": digest,
+        "hashed_files": [str(f.resolve()) for f in referenced_files(scenario, first.spec)],
         "policies": policies, "rates": rates, "targets": targets,
     })
-    del loaded
 
     outcomes: dict[tuple[str, float], PointOutcome] = {}
     todo = []
@@ -391,33 +355,43 @@ def run_sweep(
             outcomes[policy, rate] = PointOutcome(policy, rate, "skipped")
         else:
             todo.append((policy, rate))
+    if cluster is not None:
+        executor = cluster
+    else:
+        n_workers = min((os.cpu_count() or 1) if workers is None else workers, len(todo))
+        executor = ProcessPool(n_workers) if n_workers > 1 else InProcess()
+    if not isinstance(executor, InProcess):
+        # Longest points (highest rates) first, so the last busy worker finishes soonest.
+        todo.sort(key=lambda point: -point[1])
+    # Each rate is loaded once, here; its policies' points share it.
+    loads = {rates[0]: first}
+    for _, rate in todo:
+        if rate not in loads:
+            loads[rate] = load_scenario(scenario, rate=rate)
     bar = None
 
-    def start_progress() -> None:
-        nonlocal bar
-        bar = tqdm(total=len(grid), initial=len(grid) - len(todo), unit="point",
-                   desc=f"sweep {spec.name}", disable=not progress or not todo, leave=False)
-
-    def on_result(res: dict) -> None:
-        key = (res["policy"], res["rate"])
-        outcome = PointOutcome(*key, "done" if res["ok"] else "failed", res["wall_s"],
-                               res["error"])
-        outcomes[key] = outcome
-        if not res["ok"] and progress:
+    def on_result(point: tuple[str, float], result: PointResult | BaseException) -> None:
+        if isinstance(result, BaseException):  # e.g. its worker was killed by the OS
+            result = PointResult(None, error=_one_line(result),
+                                 traceback="".join(traceback.format_exception(result)))
+        write_point(point_dir(out, *point), result)
+        outcome = PointOutcome(*point, "failed" if result.summary is None else "done",
+                               result.wall_s, result.error)
+        outcomes[point] = outcome
+        if outcome.error is not None and progress:
             bar.write(f"point {outcome.name} failed: {outcome.error}")
-        wall = f" ({res['wall_s']:.1f}s)" if res["wall_s"] is not None else ""
+        wall = f" ({result.wall_s:.1f}s)" if result.wall_s is not None else ""
         bar.set_postfix_str(f"{outcome.name}{wall}", refresh=False)
         bar.update(1)
 
-    n_workers = min(workers, len(todo))
     try:
-        if n_workers == 1:
-            start_progress()
-            for policy, rate in todo:
-                on_result(run_point(str(scenario), policy, rate,
-                                    str(point_dir(out, policy, rate)), digest))
-        elif n_workers > 1:
-            _run_pool(todo, scenario, out, digest, n_workers, on_result, start_progress)
+        if todo:
+            with executor:
+                bar = tqdm(total=len(grid), initial=len(grid) - len(todo), unit="point",
+                           desc=f"sweep {spec.name}", disable=not progress, leave=False)
+                calls = [(loads[rate], policy, digest) for policy, rate in todo]
+                for index, result in executor.run(compute_point, calls):
+                    on_result(todo[index], result)
     except KeyboardInterrupt:
         finished = sum(1 for o in outcomes.values() if o.status != "failed")
         raise SweepInterrupted(
