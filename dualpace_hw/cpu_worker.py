@@ -5,17 +5,17 @@ runtime's lock, microseconds per round) and hands each round's `CpuStep` to this
 runs the whole decode step — every layer's Python, oneDNN and the C++ attention — on its own
 cores. Shared by both processes, in memfd arenas (`shm`): the host KV pool (also CUDA-pinned,
 the GPU engine's swaps and Prefill-to-CPU copies land there directly), the CPU engine's copy of
-the weights, and the Dense Assist buffers. The pipe carries only small messages:
+the weights, and the Dense Assist control block and buffers. The pipe carries one message per
+step each way:
 
-    parent -> worker: ("step", CpuStep) | ("assisted",) | ("stop",)
-    worker -> parent: ("ready", pid) | ("assist", kind, layer, rows)
-                      | ("done", tokens, busy_s, assist_s)
-                      | ("error", message)
+    parent -> worker: ("step", CpuStep) | ("stop",)
+    worker -> parent: ("ready", pid) | ("done", tokens, busy_s, assist_s) | ("error", message)
 
-Dense Assist: the worker writes the attention output and residual into the shared buffers and
-sends ("assist", ...) (CPU-Ready); the parent's CPU engine thread hands it to the GPU engine,
-which serves it at its next stage boundary (GPU-Running), writes the result back and answers
-("assisted",) (GPU-Done).
+Dense Assist goes through the shared control block (`AssistBlock`), as in the paper: the worker
+writes the attention output and residual into the shared buffers and sets CPU-Ready; the GPU
+engine's thread polls the block at its stage boundaries, sets GPU-Running, runs the stage,
+writes the result back and sets GPU-Done; the worker spins on the block meanwhile (on its own
+cores). No thread hand-off and no pipe on this path.
 
 Shutdown: the worker ignores SIGINT (the parent decides), exits when its pipe closes (the
 parent died) and is a daemon; the parent stops it with ("stop",), then terminate, then kill.
@@ -51,10 +51,18 @@ class WorkerStopped(RuntimeError):
     """The parent stopped the worker in the middle of a step (inside the worker only)."""
 
 
+# Control block slots and states (the paper's Dense Assist states).
+_STATE, _KIND, _LAYER, _ROWS, _READY_NS = range(5)
+IDLE, CPU_READY, GPU_RUNNING, GPU_DONE, STOPPED = range(5)
+ASSIST_KINDS = ("p", "lA", "lS")  # post-attention, fused final, post-layer (Split-Final)
+_NAP_S = 50e-6  # past its spin budget, the CPU engine checks the block every ~50 us
+
+
 @dataclass(frozen=True)
 class AssistBuffers:
-    """Shared Dense Assist operands and results, rows = the largest CPU batch."""
+    """Where the shared Dense Assist control block and buffers are (rows = largest CPU batch)."""
 
+    ctrl: TensorRef  # int64 [5]: state, kind, layer, rows, CPU-Ready time (ns, monotonic)
     attn: TensorRef  # [rows, q_dim] attention output of the CPU batch
     residual: TensorRef  # [rows, H] residual (or the last hidden state, for Split-Final)
     hidden: TensorRef  # [rows, H] post-attention result
@@ -63,16 +71,69 @@ class AssistBuffers:
     @classmethod
     def shapes(cls, shape: ModelShape, rows: int, dtype: torch.dtype) -> list:
         h = shape.hidden_size
-        return [((rows, shape.q_dim), dtype), ((rows, h), dtype), ((rows, h), dtype),
-                ((rows,), torch.int64)]
+        return [((5,), torch.int64), ((rows, shape.q_dim), dtype), ((rows, h), dtype),
+                ((rows, h), dtype), ((rows,), torch.int64)]
 
     @classmethod
     def allocate(cls, arena: SharedArena, shape: ModelShape, rows: int,
                  dtype: torch.dtype) -> AssistBuffers:
         return cls(*(arena.empty(s, d)[1] for s, d in cls.shapes(shape, rows, dtype)))
 
-    def views(self, arena: SharedArena) -> tuple[torch.Tensor, ...]:
-        return tuple(arena.view(r) for r in (self.attn, self.residual, self.hidden, self.tokens))
+    def block(self, arena: SharedArena, spin_s: float = 0.0) -> AssistBlock:
+        views = [arena.view(r) for r in (self.ctrl, self.attn, self.residual, self.hidden,
+                                         self.tokens)]
+        return AssistBlock(*views, spin_s=spin_s)
+
+
+class AssistBlock:
+    """The Dense Assist control block and its operands, the same bytes in both processes.
+
+    x86 keeps stores in order, so operands written before the state store are visible to the
+    other process once it sees the new state."""
+
+    def __init__(self, ctrl: torch.Tensor, attn: torch.Tensor, residual: torch.Tensor,
+                 hidden: torch.Tensor, tokens: torch.Tensor, spin_s: float = 0.0) -> None:
+        """spin_s: how long the CPU engine spins on a request before napping between checks;
+        spinning is polite only on cores of its own."""
+        self.ctrl = ctrl.numpy()  # plain loads and stores, ~100 ns from Python
+        self.spin_s = spin_s
+        self.attn, self.residual, self.hidden, self.tokens = attn, residual, hidden, tokens
+
+    # --- the CPU engine's side ---------------------------------------------------------------
+    def request(self, kind: str, layer: int, rows: int, parent_gone: Callable[[], bool]) -> None:
+        """Publish CPU-Ready and spin until GPU-Done (operands already in the buffers)."""
+        c = self.ctrl
+        c[_KIND], c[_LAYER], c[_ROWS] = ASSIST_KINDS.index(kind), layer, rows
+        c[_READY_NS] = time.perf_counter_ns()
+        c[_STATE] = CPU_READY
+        spins, spin_until = 0, time.perf_counter() + self.spin_s
+        while c[_STATE] != GPU_DONE:
+            if c[_STATE] == STOPPED:
+                raise WorkerStopped("stopped during a Dense Assist")
+            spins += 1
+            if spins % 256 == 0:
+                if parent_gone():
+                    raise WorkerStopped("the parent went away during a Dense Assist")
+                if time.perf_counter() > spin_until:
+                    time.sleep(_NAP_S)  # a long wait: give the core back now and then
+        c[_STATE] = IDLE
+
+    # --- the GPU engine's side ---------------------------------------------------------------
+    def ready(self) -> bool:
+        return self.ctrl[_STATE] == CPU_READY
+
+    def take(self) -> tuple[str, int, int, float]:
+        """GPU-Running: (kind, layer, rows, seconds it waited for this stage boundary)."""
+        c = self.ctrl
+        c[_STATE] = GPU_RUNNING
+        waited = (time.perf_counter_ns() - int(c[_READY_NS])) / 1e9
+        return ASSIST_KINDS[int(c[_KIND])], int(c[_LAYER]), int(c[_ROWS]), waited
+
+    def done(self) -> None:
+        self.ctrl[_STATE] = GPU_DONE
+
+    def stop(self) -> None:
+        self.ctrl[_STATE] = STOPPED
 
 
 @dataclass(frozen=True)
@@ -92,11 +153,10 @@ class WorkerSpec:
 
 
 class _RemoteAssist:
-    """The worker's side of Dense Assist (the executor's `assist`)."""
+    """The worker's side of Dense Assist (the executor's `assist`), over the control block."""
 
-    def __init__(self, conn, buffers: tuple[torch.Tensor, ...]) -> None:
-        self.conn = conn
-        self.attn, self.residual, self.hidden, self.tokens = buffers
+    def __init__(self, block: AssistBlock, conn) -> None:
+        self.b, self.conn = block, conn
         self.waited_s = 0.0  # in assists, end to end, since the last reset
 
     def _call(self, kind: str, layer: int, attn: torch.Tensor | None,
@@ -104,26 +164,23 @@ class _RemoteAssist:
         start = time.perf_counter()
         n = residual.shape[0]
         if attn is not None:
-            self.attn[:n].copy_(attn)
-        self.residual[:n].copy_(residual)
-        self.conn.send(("assist", kind, layer, n))
-        reply = self.conn.recv()
-        if reply[0] != "assisted":
-            raise WorkerStopped(reply[0])
+            self.b.attn[:n].copy_(attn)
+        self.b.residual[:n].copy_(residual)
+        self.b.request(kind, layer, n, self.conn.poll)  # a message mid-step: stop, or EOF
         self.waited_s += time.perf_counter() - start
         return n
 
     def assist_post_attn(self, layer, attn_out, residual):
         n = self._call("p", layer, attn_out, residual)
-        return self.hidden[:n].clone()
+        return self.b.hidden[:n].clone()
 
     def assist_fused_final(self, layer, attn_out, residual):
         n = self._call("lA", layer, attn_out, residual)
-        return self.tokens[:n].tolist()
+        return self.b.tokens[:n].tolist()
 
     def assist_post_layer(self, hidden):
         n = self._call("lS", -1, None, hidden)
-        return self.tokens[:n].tolist()
+        return self.b.tokens[:n].tolist()
 
 
 def _worker_main(conn, spec: WorkerSpec) -> None:
@@ -137,7 +194,8 @@ def _worker_main(conn, spec: WorkerSpec) -> None:
         storage = parena.view(spec.pool)
         pool = PagedKVPool(spec.shape, storage.shape[2], spec.block_size, dtype=storage.dtype,
                            storage=storage)
-        assist = _RemoteAssist(conn, spec.assist.views(parena))
+        # Spin on the assist block only on cores of our own (the runtime's --cpu-cores).
+        assist = _RemoteAssist(spec.assist.block(parena, 0.002 if spec.cores else 0.0), conn)
         ex = CpuExecutor(model, pool, tokens=None, assist=assist, threads=spec.threads,
                          cores=spec.cores)
         ex.configure_thread()
@@ -195,7 +253,7 @@ class CpuEngineProcess:
             self.host_pool = PagedKVPool(shape, host_blocks, block_size, dtype=dtype,
                                          storage=storage)
             assist = AssistBuffers.allocate(self._parena, shape, max_rows, weights.embed.dtype)
-            self.attn, self.residual, self.hidden, self.tokens = assist.views(self._parena)
+            self.assist = assist.block(self._parena)
             self._parena.pin()
             spec = WorkerSpec(shape, skeleton, self._warena.handle(), self._parena.handle(),
                               pool_ref, block_size, assist, threads, self.cores, pack)
@@ -242,28 +300,25 @@ class CpuEngineProcess:
             raise WorkerFailed(f"the CPU engine's process failed: {msg[1]}")
         return msg
 
-    def step(self, step: CpuStep, assist: Callable[[str, int, int], None],
-             stopped: Callable[[], bool]) -> tuple[dict[int, int], float, float]:
-        """Run one step in the worker; serve its Dense Assists through `assist(kind, layer,
-        rows)`, which reads and writes this object's shared buffers. Returns (tokens, busy_s,
-        assist_s): the step's time in the worker, and the part it waited on its assists."""
+    def step(self, step: CpuStep, stopped: Callable[[], bool]) -> tuple[dict[int, int], float,
+                                                                      float]:
+        """Run one step in the worker (its Dense Assists go through `self.assist`, served by
+        the GPU engine). Returns (tokens, busy_s, assist_s): the step's time in the worker, and
+        the part it waited on its assists."""
         self.conn.send(("step", step))
-        while True:
-            while not self.conn.poll(0.05):
-                if stopped():
-                    raise WorkerFailed("stopped in the middle of a CPU step")
-                if not self.proc.is_alive():
-                    raise WorkerFailed(self._death())
-            msg = self._recv()
-            if msg[0] == "done":
-                return msg[1], msg[2], msg[3]
-            _, kind, layer, rows = msg
-            assist(kind, layer, rows)
-            self.conn.send(("assisted",))
+        while not self.conn.poll(0.05):
+            if stopped():
+                raise WorkerFailed("stopped in the middle of a CPU step")
+            if not self.proc.is_alive():
+                raise WorkerFailed(self._death())
+        _, tokens, busy_s, assist_s = self._recv()
+        return tokens, busy_s, assist_s
 
     def close(self) -> None:
         """Stop the worker (politely, then not) and release the shared memory. Idempotent."""
         if self.proc is not None:
+            if hasattr(self, "assist"):
+                self.assist.stop()  # a worker spinning on an assist lets go
             if self.proc.is_alive():
                 with contextlib.suppress(OSError, ValueError):
                     self.conn.send(("stop",))

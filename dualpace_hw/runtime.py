@@ -6,8 +6,8 @@ engine thread each loop schedule -> commit -> execute -> apply with no iteration
 take one lock only for the core's calls (microseconds), never while executing. The CPU engine's
 execution runs in its own process (`cpu_worker`), over the host KV pool in shared memory, so
 its per-layer Python never waits for the GIL behind the GPU engine's kernel launches. Dense
-Assist goes CPU-Ready -> GPU-Running -> GPU-Done through `AssistChannel` and is serviced by the
-GPU thread at stage boundaries only (or at once when it is idle).
+Assist goes CPU-Ready -> GPU-Running -> GPU-Done through a control block in shared memory,
+which the GPU thread polls at stage boundaries only (and continuously when it is idle).
 
 Every core call is recorded, in lock order, in a `Journal`: `dualpace_sim.replay` replays it
 through fresh schedulers and must reproduce every plan.
@@ -39,7 +39,7 @@ from dualpace_sim.core.routing import Route
 from dualpace_sim.core.vllm import VllmConfig, VllmScheduler
 
 from .cpu_executor import CpuStep
-from .cpu_worker import CpuEngineProcess, WorkerFailed
+from .cpu_worker import AssistBlock, CpuEngineProcess, WorkerFailed
 from .gpu_executor import GpuExecutor
 from .kv import PagedKVPool
 from .model import Model
@@ -81,60 +81,38 @@ class EngineFailure(RuntimeError):
     """An engine thread failed; the message names it and the others stopped."""
 
 
-class AssistChannel:
-    """Dense Assist hand-off between the CPU engine (caller) and the GPU engine (server).
+class AssistServer:
+    """The GPU engine's side of Dense Assist: polls the shared control block at stage
+    boundaries; a CPU-Ready request becomes GPU-Running, runs, and is published GPU-Done."""
 
-    The CPU side duck-types the executor's assist interface; each call publishes a request
-    (CPU-Ready), the GPU thread picks it up at its next stage boundary (GPU-Running), and the
-    caller resumes when the result is published (GPU-Done)."""
+    _METHODS = {"p": "assist_post_attn", "lA": "assist_fused_final", "lS": "assist_post_layer"}
 
-    def __init__(self, wake, stopped) -> None:
-        self._wake, self._stopped = wake, stopped
-        self.state = "idle"
-        self._request: tuple | None = None
-        self._result = None
-        self._done = threading.Event()
+    def __init__(self, block: AssistBlock) -> None:
+        self.block = block
         self.calls = 0
         self.wait_s = 0.0  # CPU-Ready -> GPU-Running, summed: the stage-boundary wait
         self.service_s = 0.0  # GPU-Running -> GPU-Done, summed
-        self._ready_at = 0.0
         self.expecting = False  # the CPU engine is in a step that needs Dense Assist
 
-    def _call(self, kind: str, *args):
-        self._done.clear()
-        self._request = (kind, args)
-        self._ready_at = time.perf_counter()
-        self.state = "CPU-Ready"
-        self._wake()
-        while not self._done.wait(0.05):
-            if self._stopped():
-                raise EngineFailure("stopped while waiting for a Dense Assist")
-        self.state = "idle"
-        return self._result
-
-    def assist_post_attn(self, layer, attn_out, residual):
-        return self._call("p", layer, attn_out, residual)
-
-    def assist_fused_final(self, layer, attn_out, residual):
-        return self._call("lA", layer, attn_out, residual)
-
-    def assist_post_layer(self, hidden):
-        return self._call("lS", hidden)
-
     def serve(self, ex: GpuExecutor) -> bool:
-        """GPU side: run a ready request, if any; True when one was served."""
-        if self.state != "CPU-Ready":
+        """Run a ready request, if any; True when one was served."""
+        b = self.block
+        if not b.ready():
             return False
-        self.state = "GPU-Running"
         start = time.perf_counter()
-        self.wait_s += start - self._ready_at
-        kind, args = self._request
-        name = {"p": "assist_post_attn", "lA": "assist_fused_final", "lS": "assist_post_layer"}
-        self._result = getattr(ex, name[kind])(*args)
+        kind, layer, rows, waited = b.take()
+        if kind == "lS":
+            out = ex.assist_post_layer(b.residual[:rows])
+        else:
+            out = getattr(ex, self._METHODS[kind])(layer, b.attn[:rows], b.residual[:rows])
+        if kind == "p":
+            b.hidden[:rows].copy_(out)
+        else:
+            b.tokens[:rows].copy_(torch.as_tensor(out).reshape(-1))
+        b.done()
         self.calls += 1
+        self.wait_s += waited
         self.service_s += time.perf_counter() - start
-        self.state = "GPU-Done"
-        self._done.set()
         return True
 
 
@@ -257,7 +235,7 @@ class DualPaceRuntime(_Engines):
         self.state = EngineState(config)
         self.gpu_sched, self.cpu_sched = GpuScheduler(self.state), CpuScheduler(self.state)
         self.stage_mode = assist_reachable(config.largest_cpu_batch, config.route_f)
-        self.channel = AssistChannel(self.wake, self.stop.is_set)
+        self.channel = AssistServer(cpu_engine.assist)
         self.cpu_engine = cpu_engine
         self.gpu = GpuExecutor(gpu_model, gpu_pool, self.tokens, cpu_engine.host_pool)
 
@@ -278,8 +256,15 @@ class DualPaceRuntime(_Engines):
             self.cpu_engine.close()
 
     def _idle_wait(self) -> None:
+        if self.channel.expecting:  # an assist may come any moment: poll the block a while
+            deadline = time.perf_counter() + 0.001
+            while self.channel.expecting and time.perf_counter() < deadline:
+                if self.channel.serve(self.gpu):
+                    return
+                time.sleep(20e-6)
+            return
         with self.work:
-            if not self.stop.is_set() and self.channel.state != "CPU-Ready":
+            if not self.stop.is_set():
                 self.work.wait(0.01)
 
     def _gpu_loop(self) -> None:
@@ -357,8 +342,7 @@ class DualPaceRuntime(_Engines):
             routes[plan.route.value] = routes.get(plan.route.value, 0) + 1
             self.channel.expecting = plan.route != Route.FULL_CPU
             try:
-                tokens, busy, assist_s = self.cpu_engine.step(step, self._assist,
-                                                              self.stop.is_set)
+                tokens, busy, assist_s = self.cpu_engine.step(step, self.stop.is_set)
             finally:
                 self.channel.expecting = False
             self.stats.cpu_busy_s += busy
@@ -368,17 +352,6 @@ class DualPaceRuntime(_Engines):
                 for req_id, tok in tokens.items():
                     self.tokens.append(req_id, tok)
                 self.work.notify_all()
-
-    def _assist(self, kind: str, layer: int, rows: int) -> None:
-        """A Dense Assist the CPU engine's process asked for, through the GPU engine."""
-        w, ch = self.cpu_engine, self.channel
-        if kind == "p":
-            w.hidden[:rows].copy_(ch.assist_post_attn(layer, w.attn[:rows], w.residual[:rows]))
-            return
-        out = (ch.assist_fused_final(layer, w.attn[:rows], w.residual[:rows]) if kind == "lA"
-               else ch.assist_post_layer(w.residual[:rows]))
-        w.tokens[:rows].copy_(torch.as_tensor(out).reshape(-1))
-
 
 class VllmRuntime(_Engines):
     """vLLM's single GPU engine on the same executor."""

@@ -19,9 +19,11 @@ import yaml
 from typer.testing import CliRunner
 
 from dualpace_hw.cli import app
+from dualpace_hw.cpu_worker import AssistBlock, WorkerStopped
 from dualpace_hw.model import Model, ModelWeights, greedy
-from dualpace_hw.runtime import AssistChannel, EngineFailure
+from dualpace_hw.runtime import AssistServer, EngineFailure
 from dualpace_hw.serve import build_runtime, run_real
+from dualpace_hw.shm import SharedArena
 from dualpace_sim.core import Owner
 from dualpace_sim.core.journal import JOURNAL_FILE, Journal
 from dualpace_sim.records import read_records
@@ -39,10 +41,10 @@ def scenario(tmp_path, policies, **scheduler) -> object:
         "policies": policies,
         "vllm": {"max_num_batched_tokens": 64, "max_num_seqs": 8},
         # tiny pools: HBM for a few requests, so prompts go Prefill-to-CPU and decodes migrate
-        "scheduler": {"gpu_kv_blocks": 10, "host_kv_blocks": 400, "gpu_token_limit": 64,
+        "scheduler": {"gpu_kv_blocks": 10, "host_kv_blocks": 400, "gpu_token_limit": 16,
                       "cpu_batch_limit": 4, **scheduler},
         "workload": {"source": "default", "num_requests": 10, "rate": 5000.0, "seed": 2,
-                     "max_prompt_tokens": 40, "max_output_tokens": 6},
+                     "max_prompt_tokens": 40, "max_output_tokens": 24},
     }))
     return path
 
@@ -90,30 +92,36 @@ def test_run_command_writes_what_the_simulator_writes(tmp_path):
     assert (out / "timeline.png").exists()
 
 
-def test_assist_channel_hands_off_and_survives_a_stop():
-    served = []
+def test_assist_block_hands_off_at_a_boundary_and_lets_go_on_stop():
+    """CPU-Ready -> GPU-Running -> GPU-Done through the shared block; STOPPED frees a spinner."""
+    arena = SharedArena(1 << 16)
+    views = [arena.empty(s, d)[0] for s, d in (((5,), torch.int64), ((2, 4), torch.float32),
+                                               ((2, 4), torch.float32), ((2, 4), torch.float32),
+                                               ((2,), torch.int64))]
+    block = AssistBlock(*views)
+    server = AssistServer(block)
 
     class FakeGpu:
         def assist_post_layer(self, hidden):
-            served.append(hidden)
-            return hidden + 1
+            return hidden.sum(1).long() + 1
 
-    stop = {"now": False}
-    channel = AssistChannel(lambda: None, lambda: stop["now"])
-    import threading
-
-    results = []
-    t = threading.Thread(target=lambda: results.append(channel.assist_post_layer(torch.ones(1))))
-    t.start()
-    while not channel.serve(FakeGpu()):
+    other = block  # the CPU engine's side (another process in the runtime)
+    other.residual[:2] = torch.tensor([[1.0] * 4, [2.0] * 4])
+    worker = threading.Thread(target=other.request, args=("lS", -1, 2, lambda: False))
+    worker.start()
+    while not server.serve(FakeGpu()):
         pass
-    t.join(2)
-    assert results and float(results[0]) == 2.0 and channel.state == "idle"
-    stop["now"] = True
-    with pytest.raises(RuntimeError, match="stopped"):
-        channel.assist_post_layer(torch.ones(1))
-
-
+    worker.join(5)
+    assert not worker.is_alive() and block.tokens.tolist() == [5, 9]
+    assert server.calls == 1 and server.wait_s >= 0 and not block.ready()
+    spinner = threading.Thread(target=lambda: pytest.raises(WorkerStopped, other.request, "p", 0,
+                                                            1, lambda: False))
+    spinner.start()
+    while not block.ready():
+        time.sleep(0.001)
+    block.stop()
+    spinner.join(5)
+    assert not spinner.is_alive()
 
 def slow_scenario(tmp_path, policies=("dualpace",)):
     """Enough CPU-resident decoding that the CPU engine is mid-run for several seconds."""
