@@ -27,14 +27,31 @@ def run(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
     out: Annotated[Path, typer.Option("--out", "-o", help="directory for results")],
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar or table")] = False,
+    trace_events: Annotated[Path | None, typer.Option(
+        "--trace-events", metavar="FILE",
+        help="also write a timeline trace (Chrome/Perfetto JSON; open it in ui.perfetto.dev or "
+             "chrome://tracing): GPU rounds, CPU rounds, Dense Assists, PCIe transfers and "
+             "migration arrows. Each policy of the scenario is one process in FILE. Large: tens "
+             "of MB for 2,000 requests")] = None,
 ) -> None:
     """Simulate every policy of SCENARIO; write requests.parquet, summary.json, timeline plot."""
     from .runner import run_scenario
 
+    if trace_events is not None:  # fail before simulating, not after the first policy
+        if trace_events.is_dir():
+            _fail(f"--trace-events {trace_events}: is a directory; give a file such as "
+                  f"{trace_events / 'trace.json'}")
+        try:
+            trace_events.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            _fail(f"--trace-events {trace_events}: cannot create its folder: {e.strerror} "
+                  f"({e.filename})")
     try:
-        summaries = run_scenario(scenario, out, progress=not quiet)
+        summaries = run_scenario(scenario, out, progress=not quiet, trace_events=trace_events)
     except (ScenarioError, SimulationStalled) as e:
         _fail(str(e))
+    except OSError as e:
+        _fail(f"{e.filename}: cannot write: {e.strerror}")
     if quiet:
         return
     keys = ("normalized_latency_s", "p99_ttft_s", "p99_itl_s", "p99_tpot_s", "throughput_tok_s")
@@ -42,6 +59,8 @@ def run(
         values = "  ".join(f"{k}={s[k]:.4g}" for k in keys)
         typer.echo(f"{s['policy']}: completed={s['completed']}/{s['submitted']}  {values}")
     typer.echo(f"results in {out}/ (requests.parquet, summary.json, timeline.png)")
+    if trace_events is not None:
+        typer.echo(f"timeline trace in {trace_events} (open in ui.perfetto.dev)")
 
 
 @app.command()

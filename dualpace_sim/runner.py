@@ -1,4 +1,5 @@
-"""`dualpace-sim run`: simulate every policy of a scenario and write records, summary, plots.
+"""`dualpace-sim run`: simulate every policy of a scenario and write records, summary, plots
+and, when asked, a timeline trace.
 
 Results are written after each policy finishes, so an interrupted multi-policy run keeps what
 it finished.
@@ -19,18 +20,21 @@ from .plots import plot_timeline
 from .records import records_frame, write_records
 from .scenario import LoadedScenario, load_scenario
 from .sim import make_node
+from .trace_events import TraceRecorder, write_trace
 
 
 def simulate(
-    loaded: LoadedScenario, policy: str, progress: bool = False
+    loaded: LoadedScenario, policy: str, progress: bool = False,
+    trace: TraceRecorder | None = None,
 ) -> tuple[pd.DataFrame, dict]:
-    """Run one policy; returns its records frame and its summary object."""
+    """Run one policy; returns its records frame and its summary object. `trace`, if given,
+    receives the run's timeline."""
     n = len(loaded.requests)
     # delay=1: the bar appears only for runs that take more than a second.
     with tqdm(total=n, desc=f"{loaded.spec.name}/{policy}", unit="req", delay=1.0,
               disable=not progress, leave=False) as bar:
         node = make_node(loaded.requests, loaded.cost, loaded.policy_config(policy),
-                         loaded.neo_launch_s, on_finish=bar.update)
+                         loaded.neo_launch_s, on_finish=bar.update, trace=trace)
         output = node.run()
     frame = records_frame(output.requests, policy)
     summary = {
@@ -73,17 +77,25 @@ def _json_safe(obj):
     return obj
 
 
-def run_scenario(path: Path, out: Path, progress: bool = True) -> list[dict]:
-    """Simulate each policy of the scenario at `path`; write results under `out`."""
+def run_scenario(
+    path: Path, out: Path, progress: bool = True, trace_events: Path | None = None
+) -> list[dict]:
+    """Simulate each policy of the scenario at `path`; write results under `out`, and the
+    policies' timelines to `trace_events` (one process per policy) when given."""
     loaded = load_scenario(path)
     out.mkdir(parents=True, exist_ok=True)
     frames: dict[str, pd.DataFrame] = {}
     summaries: list[dict] = []
+    traces: list[TraceRecorder] = []
     for policy in loaded.spec.policies:
-        frame, summary = simulate(loaded, policy, progress)
+        trace = None if trace_events is None else TraceRecorder(f"{loaded.spec.name}: {policy}")
+        frame, summary = simulate(loaded, policy, progress, trace)
         frames[policy] = frame
         summaries.append(summary)
         write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet")
         (out / "summary.json").write_text(json.dumps(_json_safe(summaries), indent=2) + "\n")
+        if trace is not None:
+            traces.append(trace)
+            write_trace(trace_events, traces)
     plot_timeline(frames, out / "timeline")
     return summaries

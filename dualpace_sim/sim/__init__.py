@@ -8,6 +8,7 @@ from ..core import SchedulerConfig
 from ..core.neo import NeoConfig
 from ..core.vllm import VllmConfig
 from ..costs import CostModel
+from ..trace_events import TraceRecorder
 from .dualpace import DualPaceNode
 from .neo import NeoNode
 from .node import Node, SimOutput, SimStats, SimulationStalled
@@ -20,14 +21,15 @@ def make_node(
     config: SchedulerConfig | VllmConfig | NeoConfig,
     neo_launch_s: float | None = None,
     on_finish: Callable[[int], None] | None = None,
+    trace: TraceRecorder | None = None,
 ) -> Node:
-    """The node that runs the policy the config belongs to."""
+    """The node that runs the policy the config belongs to; `trace` records its timeline."""
     if isinstance(config, SchedulerConfig):
-        return DualPaceNode(specs, cost, config, on_finish)
+        return DualPaceNode(specs, cost, config, on_finish, trace)
     if isinstance(config, VllmConfig):
-        return VllmNode(specs, cost, config, on_finish)
+        return VllmNode(specs, cost, config, on_finish, trace)
     if isinstance(config, NeoConfig):
-        return NeoNode(specs, cost, config, neo_launch_s, on_finish)
+        return NeoNode(specs, cost, config, neo_launch_s, on_finish, trace)
     raise TypeError(f"no simulated node for {type(config).__name__}")
 
 

@@ -23,7 +23,10 @@ from ..core import (
     assist_reachable,
 )
 from ..costs import CostModel
-from .node import Node
+from ..trace_events import CPU_ENGINE, DENSE_ASSIST, GPU_ENGINE, TraceRecorder
+from .node import Node, ids
+
+_ASSIST_NAMES = {"p": "assist p", "lA": "assist lA", "lS": "assist lS"}  # trace slice names
 
 
 class DualPaceNode(Node):
@@ -33,9 +36,10 @@ class DualPaceNode(Node):
         cost: CostModel,
         config: SchedulerConfig,
         on_finish: Callable[[int], None] | None = None,
+        trace: TraceRecorder | None = None,
     ) -> None:
         stage_mode = assist_reachable(config.largest_cpu_batch, config.route_f)
-        super().__init__(specs, cost, config.block_size, stage_mode, on_finish)
+        super().__init__(specs, cost, config.block_size, stage_mode, on_finish, trace)
         self.config = config
         self.state = EngineState(config)
         self.gpu_sched = GpuScheduler(self.state)
@@ -67,6 +71,9 @@ class DualPaceNode(Node):
             plan = sched.schedule()
             if plan.wait_for_copies:
                 if self._copies_land_s > env.now:
+                    if self.trace is not None:
+                        self.trace.complete(GPU_ENGINE, "wait for Prefill-to-CPU copies",
+                                            env.now, self._copies_land_s)
                     yield env.timeout(self._copies_land_s - env.now)
                 st.complete_copy_group(env.now)
                 self._note_finished()
@@ -86,14 +93,8 @@ class DualPaceNode(Node):
             yield from self._forward(plan)
 
     def _migrate(self, plan: GpuPlan):
-        env, block_bytes = self.env, self.cost.kv_block_bytes
-        land = env.now
-        if plan.swap_outs:
-            land = max(land, self.link.d2h.transfer(env.now, plan.swap_out_blocks * block_bytes))
-            self.stats.swap_outs += len(plan.swap_outs)
-        if plan.swap_ins:
-            land = max(land, self.link.h2d.transfer(env.now, plan.swap_in_blocks * block_bytes))
-            self.stats.swap_ins += len(plan.swap_ins)
+        env = self.env
+        land = self._book_swaps(plan)
         if land > env.now:
             yield env.timeout(land - env.now)
         self.state.complete_migrations(plan.swap_outs, plan.swap_ins, env.now)
@@ -102,16 +103,19 @@ class DualPaceNode(Node):
     def _forward(self, plan: GpuPlan):
         env, n = self.env, self._n_layers
         pre, layer, post = self._forward_times(plan)
-        copy_tokens = sum(c.tokens for c in plan.prefills if c.to_cpu)
-        if copy_tokens:  # layer-by-layer Prefill-to-CPU copies, booked as each layer ends
+        copies = plan.copy_chunks
+        if copies:  # layer-by-layer Prefill-to-CPU copies, booked as each layer ends
+            copy_tokens = sum(c.tokens for c in copies)
             layer_bytes = copy_tokens * self.cost.kv_block_bytes_per_layer // self.config.block_size
-            for end in self.gpu.planned_layer_ends(env.now, pre, layer, n):
-                landed = self.link.d2h.transfer(end, layer_bytes)
-            self.stats.prefills_to_cpu += sum(1 for c in plan.prefills if c.to_cpu and c.last)
-        last_layer_end = yield from self.gpu.run_batch(pre, layer, n, post)
-        if copy_tokens:
-            last_copy = self.link.d2h.latency_s + layer_bytes / self.link.d2h.bytes_per_s
-            self._copies_land_s = max(landed, last_layer_end + last_copy)
+            landing = [c.req for c in copies if c.last]
+            landed = self._book_layer_copies(env.now, pre, layer, layer_bytes,
+                                             [c.req for c in copies], landing)
+            self.stats.prefills_to_cpu += len(landing)
+        start, last_layer_end = yield from self.gpu.run_batch(pre, layer, n, post)
+        if copies:
+            self._copies_land_s = max(landed, last_layer_end + self.link.d2h.duration(layer_bytes))
+        if self.trace is not None:
+            self._trace_forward(plan, start, to_cpu=ids(c.req for c in copies))
         self.gpu_sched.apply(plan, GpuResult(env.now))
         self._note_finished()
 
@@ -125,7 +129,11 @@ class DualPaceNode(Node):
             if plan.held_back or plan.admitted:
                 self._wake("gpu")
             if plan.is_empty:
+                idle_from, why = self.env.now, self._wait_reason(plan)
                 yield self._idle("cpu")
+                if why is not None and self.env.now > idle_from:
+                    self.trace.complete(CPU_ENGINE, "wait for head", idle_from, self.env.now,
+                                        req_id=plan.wait_for.req_id, reason=why)
                 continue
             self.stats.cpu_rounds += 1
             routes = self.stats.routes
@@ -133,6 +141,8 @@ class DualPaceNode(Node):
             start = self.env.now
             yield from self._cpu_batch(plan)
             self.stats.cpu_busy_s += self.env.now - start
+            if self.trace is not None:
+                self._trace_cpu_round(plan, start)
             sched.apply(plan, CpuResult(self.env.now))
             self._note_finished()
             self._wake("gpu")
@@ -167,5 +177,29 @@ class DualPaceNode(Node):
         self.link.h2d.carry(in_acts * act)
         if out_acts:
             self.link.d2h.carry(out_acts * act)
-        start = self.gpu.assist(now, cost.assist_o(kind) + g)
+        service = cost.assist_o(kind) + g
+        start = self.gpu.assist(now, service)
+        if self.trace is not None:
+            self.trace.complete(DENSE_ASSIST, _ASSIST_NAMES[kind], start, start + service,
+                                cpu_batch=b, queued_us=round((start - now) * 1e6, 3))
         return start + g + cost.assist_q(kind)
+
+    # ---------------------------------------------------------------------- trace recording
+
+    def _trace_cpu_round(self, plan: CpuPlan, start: float) -> None:
+        trace, end = self.trace, self.env.now
+        req_ids = ids(plan.batch)
+        trace.complete(CPU_ENGINE, plan.route.value, start, end, batch=len(req_ids),
+                       context_tokens=plan.context, admitted=plan.admitted,
+                       held_back=ids(plan.held_back), req_ids=req_ids)
+        for i in req_ids:  # ends the arrow of a request that just landed on the host
+            trace.flow_to(i, CPU_ENGINE, (start + end) / 2)
+
+    def _wait_reason(self, plan: CpuPlan) -> str | None:
+        """Why an idle CPU engine waits on the head of its waiting queue, for the trace: its KV
+        is still in flight, or the GPU marked it for a swap-in (the engine never bypasses it).
+        None when not tracing or when the CPU simply has no work."""
+        head = plan.wait_for
+        if self.trace is None or head is None:
+            return None
+        return "marked for swap-in" if head.marked else "migration in flight"

@@ -33,8 +33,9 @@ class GpuDevice:
         self._next_k = 0  # first boundary that can still take an assist
 
     def run_batch(self, pre_s: float, layer_s: float, n_layers: int, post_s: float):
-        """SimPy process body: wait for a pending assist, run the stages, return the time the
-        last transformer layer finished (when its Prefill-to-CPU copy can start)."""
+        """SimPy process body: wait for a pending assist, run the stages; returns when the
+        batch started (after that wait) and when its last transformer layer finished (when its
+        Prefill-to-CPU copy can start)."""
         env = self.env
         while self.busy_until > env.now:
             yield env.timeout(self.busy_until - env.now)
@@ -53,7 +54,7 @@ class GpuDevice:
             yield env.timeout(remaining)
         self._active = False
         self.busy_s += self._end - start
-        return self._first + n_layers * self._layer + self._shift
+        return start, self._first + n_layers * self._layer + self._shift
 
     def planned_layer_ends(self, start: float, pre_s: float, layer_s: float, n: int) -> list[float]:
         first = start + pre_s + self.poll_s

@@ -19,14 +19,19 @@ class Channel:
         self.busy_s = 0.0
         self.bytes_moved = 0
 
-    def transfer(self, issue_s: float, nbytes: int) -> float:
-        """Book a transfer issued at `issue_s`; returns when its last byte lands."""
+    def transfer(self, issue_s: float, nbytes: int) -> tuple[float, float]:
+        """Book a transfer issued at `issue_s`; returns when it starts moving (after the ones
+        queued before it) and when its last byte lands."""
         start = max(issue_s, self.free_at)
-        duration = self.latency_s + nbytes / self.bytes_per_s
+        duration = self.duration(nbytes)
         self.free_at = start + duration
         self.busy_s += duration
         self.bytes_moved += nbytes
-        return self.free_at
+        return start, self.free_at
+
+    def duration(self, nbytes: int) -> float:
+        """Time on the wire of one transfer: latency plus bytes over bandwidth."""
+        return self.latency_s + nbytes / self.bytes_per_s
 
     def carry(self, nbytes: int) -> None:
         """Account bytes whose transfer time a measured latency already includes (Dense Assist

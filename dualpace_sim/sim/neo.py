@@ -8,7 +8,8 @@ from ..core import Request
 from ..core.neo import NeoConfig, NeoPlan, NeoScheduler, layer_time
 from ..costs import CostModel
 from ..costs.neo_tables import NeoTables
-from .node import Node
+from ..trace_events import CPU_ENGINE, GPU_ENGINE, TraceRecorder
+from .node import Node, ids
 
 
 class NeoNode(Node):
@@ -19,8 +20,10 @@ class NeoNode(Node):
         config: NeoConfig,
         launch_s: float | None = None,
         on_finish: Callable[[int], None] | None = None,
+        trace: TraceRecorder | None = None,
     ) -> None:
-        super().__init__(specs, cost, config.block_size, stage_mode=False, on_finish=on_finish)
+        super().__init__(specs, cost, config.block_size, stage_mode=False, on_finish=on_finish,
+                         trace=trace)
         self.tables = NeoTables(cost, launch_s)
         self.sched = NeoScheduler(config, self.tables)
         shape = cost.shape
@@ -51,23 +54,17 @@ class NeoNode(Node):
                 yield self._idle("gpu")
                 continue
             self.stats.gpu_rounds += 1
-            yield from self._swap(plan)
+            if plan.swap_outs or plan.swap_ins:
+                yield from self._swap(plan)
             yield from self._iterate(plan)
             sched.apply(plan, env.now)
             self._note_finished()
 
     def _swap(self, plan: NeoPlan):
         """Swaps are copied for all layers before the forward and serialize into it."""
-        env, block_bytes = self.env, self.cost.kv_block_bytes
-        land = env.now
-        if plan.swap_outs:
-            land = max(land, self.link.d2h.transfer(env.now, plan.swap_out_blocks * block_bytes))
-            self.stats.swap_outs += len(plan.swap_outs)
-        if plan.swap_ins:
-            land = max(land, self.link.h2d.transfer(env.now, plan.swap_in_blocks * block_bytes))
-            self.stats.swap_ins += len(plan.swap_ins)
-        if land > env.now:
-            yield env.timeout(land - env.now)
+        land = self._book_swaps(plan)
+        if land > self.env.now:
+            yield self.env.timeout(land - self.env.now)
 
     def _iterate(self, plan: NeoPlan):
         env, cost, n = self.env, self.cost, self._n_layers
@@ -81,8 +78,8 @@ class NeoNode(Node):
         if cpu_prefills:  # their KV goes to the host layer by layer during this forward
             layer_bytes = sum(r.prompt_tokens for r in cpu_prefills) * (
                 cost.kv_block_bytes_per_layer // cost.block_size)
-            for end in self.gpu.planned_layer_ends(env.now, pre, per_layer, n):
-                landed = self.link.d2h.transfer(end, layer_bytes)
+            landed = self._book_layer_copies(env.now, pre, per_layer, layer_bytes, cpu_prefills,
+                                             cpu_prefills)
             self.stats.prefills_to_cpu += len(cpu_prefills)
         n_cpu = sum(len(b.cpu_decodes) for b in plan.batches)
         if n_cpu:
@@ -91,6 +88,39 @@ class NeoNode(Node):
             self.stats.cpu_busy_s += n * sum(b.cpu_time(self.tables) for b in plan.batches)
             self.stats.cpu_rounds += 1
         self.stats.pipelined_iterations += plan.pipelined
-        yield from self.gpu.run_batch(pre, per_layer, n, post)
+        start, last_layer_end = yield from self.gpu.run_batch(pre, per_layer, n, post)
+        if self.trace is not None:
+            self._trace_iteration(plan, start, start + pre, last_layer_end, per_layer)
         if landed > env.now:
+            if self.trace is not None:
+                self.trace.complete(GPU_ENGINE, "wait for Prefill-to-CPU copies", env.now,
+                                    landed)
             yield env.timeout(landed - env.now)
+
+    def _trace_iteration(self, plan: NeoPlan, start: float, layers_start: float,
+                         layers_end: float, per_layer: float) -> None:
+        """The GPU iteration, and beside it the CPU attention of its sub-batches: it runs inside
+        every layer (overlapped with the other sub-batch's GPU work when pipelined), so one CPU
+        slice spans the layers and its args say how busy the CPU was in them."""
+        trace, end, tables = self.trace, self.env.now, self.tables
+        batches = plan.batches
+        trace.complete(GPU_ENGINE, "iteration", start, end, pipelined=plan.pipelined,
+                       per_layer_us=round(per_layer * 1e6, 3),
+                       gpu_decodes=tuple(len(b.gpu_decodes) for b in batches),
+                       cpu_decodes=tuple(len(b.cpu_decodes) for b in batches),
+                       gpu_prefills=ids(r for b in batches for r in b.gpu_prefills),
+                       cpu_prefills=ids(r for b in batches for r in b.cpu_prefills))
+        for r in plan.swap_ins:  # swapped-in requests decode in the iteration that moved them
+            trace.flow_to(r.req_id, GPU_ENGINE, (start + end) / 2)
+        cpu_decodes = [r for b in batches for r in b.cpu_decodes]
+        if not cpu_decodes:
+            return
+        n = self._n_layers
+        trace.complete(CPU_ENGINE, "CPU attention", layers_start, layers_end,
+                       decodes=tuple(len(b.cpu_decodes) for b in batches),
+                       busy_us=round(n * sum(b.cpu_time(tables) for b in batches) * 1e6, 3),
+                       to_host_bytes=n * len(cpu_decodes) * self._to_host_bytes,
+                       to_gpu_bytes=n * len(cpu_decodes) * self._to_gpu_bytes,
+                       req_ids=ids(cpu_decodes))
+        for r in cpu_decodes:  # ends the arrow of a request that just landed on the host
+            trace.flow_to(r.req_id, CPU_ENGINE, (layers_start + layers_end) / 2)

@@ -6,15 +6,23 @@ Policies differ only in their engine loops (subclasses); nothing here decides an
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import simpy
 
 from ..core import GpuPlan, GpuResult, Request
+from ..core.neo import NeoPlan
 from ..costs import CostModel
+from ..trace_events import GPU_ENGINE, PCIE_D2H, PCIE_H2D, TraceRecorder
 from .gpu import GpuDevice
 from .links import Link
+
+
+def ids(reqs: Iterable[Request]) -> tuple[int, ...]:
+    """Request ids for a trace slice's args: a tuple, not a list, because the garbage collector
+    stops tracking tuples of ints, while hundreds of thousands of lists would slow it down."""
+    return tuple(r.req_id for r in reqs)
 
 
 class SimulationStalled(RuntimeError):
@@ -51,7 +59,11 @@ class SimOutput:
 
 
 class Node:
-    """Base of a simulated node; subclasses start their engine processes in `_start`."""
+    """Base of a simulated node; subclasses start their engine processes in `_start`.
+
+    With a `trace` recorder attached, the engine loops also record their rounds, transfers and
+    assists on it; without one (the default) every recording site costs one `is None` test.
+    """
 
     def __init__(
         self,
@@ -60,8 +72,10 @@ class Node:
         block_size: int,
         stage_mode: bool = False,
         on_finish: Callable[[int], None] | None = None,
+        trace: TraceRecorder | None = None,
     ) -> None:
         self.env = simpy.Environment()
+        self.trace = trace
         self.cost = cost
         link = cost.profile.link
         self.link = Link(link.h2d_bytes_per_s, link.d2h_bytes_per_s, link.latency_s)
@@ -154,8 +168,68 @@ class Node:
         post = cost.gpu_post_layer(plan.n_sampled) + cost.gpu_iteration_overhead
         return pre, layer, post
 
-    def _run_forward(self, plan: GpuPlan):
-        """Execute a GPU-main batch on the GPU worker; returns its GpuResult."""
+    def _run_forward(self, plan: GpuPlan, **trace_args):
+        """Execute a GPU-main batch on the GPU worker; returns its GpuResult. `trace_args` go
+        with the forward's trace slice."""
         pre, layer, post = self._forward_times(plan)
-        yield from self.gpu.run_batch(pre, layer, self._n_layers, post)
+        start, _ = yield from self.gpu.run_batch(pre, layer, self._n_layers, post)
+        if self.trace is not None:
+            self._trace_forward(plan, start, **trace_args)
         return GpuResult(self.env.now)
+
+    def _book_swaps(self, plan: GpuPlan | NeoPlan) -> float:
+        """Book a round's swap transfers, both issued now (the link is full duplex); returns
+        when the last one lands."""
+        now, block_bytes, trace = self.env.now, self.cost.kv_block_bytes, self.trace
+        land = now
+        for reqs, blocks, channel, track, name in (
+            (plan.swap_outs, plan.swap_out_blocks, self.link.d2h, PCIE_D2H, "swap-out"),
+            (plan.swap_ins, plan.swap_in_blocks, self.link.h2d, PCIE_H2D, "swap-in"),
+        ):
+            if not reqs:
+                continue
+            start, end = channel.transfer(now, blocks * block_bytes)
+            land = max(land, end)
+            if trace is not None:
+                self._trace_transfer(track, name, start, end, blocks * block_bytes, ids(reqs),
+                                     reqs)
+        self.stats.swap_outs += len(plan.swap_outs)
+        self.stats.swap_ins += len(plan.swap_ins)
+        if trace is not None and land > now:
+            trace.complete(GPU_ENGINE, "wait for swaps", now, land,
+                           swap_outs=ids(plan.swap_outs), swap_ins=ids(plan.swap_ins))
+        return land
+
+    def _book_layer_copies(self, start: float, pre: float, layer: float, layer_bytes: int,
+                           reqs: list[Request], landing: list[Request]) -> float:
+        """Book the Prefill-to-CPU K/V copy of each layer of `reqs` as that layer ends; returns
+        when the last one lands. `landing` are the requests whose whole prompt is then on the
+        host (the trace's migration arrows start from their last copy)."""
+        d2h, trace, n = self.link.d2h, self.trace, self._n_layers
+        req_ids = ids(reqs) if trace is not None else ()
+        for k, end in enumerate(self.gpu.planned_layer_ends(start, pre, layer, n)):
+            copy_start, landed = d2h.transfer(end, layer_bytes)
+            if trace is not None:
+                self._trace_transfer(PCIE_D2H, "Prefill-to-CPU copy", copy_start, landed,
+                                     layer_bytes, req_ids, landing if k == n - 1 else (),
+                                     layer=k)
+        return landed
+
+    # --- trace recording (only with a recorder attached) ---------------------------------
+
+    def _trace_transfer(self, track: str, name: str, start: float, end: float, nbytes: int,
+                        req_ids: tuple[int, ...], migrating: Sequence[Request], **args) -> None:
+        """A transfer slice; arrows start at it for the requests it completes a migration of."""
+        trace = self.trace
+        trace.complete(track, name, start, end, bytes=nbytes, req_ids=req_ids, **args)
+        for r in migrating:
+            trace.flow_from(r.req_id, track, (start + end) / 2)
+
+    def _trace_forward(self, plan: GpuPlan, start: float, **args) -> None:
+        """A GPU-main forward of the shared core's GpuPlan (DualPace, vLLM)."""
+        trace, end = self.trace, self.env.now
+        trace.complete(GPU_ENGINE, "forward", start, end, decodes=len(plan.decodes),
+                       prefill_tokens=sum(c.tokens for c in plan.prefills),
+                       prefills=tuple(c.req.req_id for c in plan.prefills), **args)
+        for r in plan.swap_ins:  # swapped-in requests decode in the round that moved them
+            trace.flow_to(r.req_id, GPU_ENGINE, (start + end) / 2)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from ..core import Request
 from ..core.vllm import VllmConfig, VllmScheduler
 from ..costs import CostModel
+from ..trace_events import TraceRecorder
 from .node import Node
 
 
@@ -17,8 +18,10 @@ class VllmNode(Node):
         cost: CostModel,
         config: VllmConfig,
         on_finish: Callable[[int], None] | None = None,
+        trace: TraceRecorder | None = None,
     ) -> None:
-        super().__init__(specs, cost, config.block_size, stage_mode=False, on_finish=on_finish)
+        super().__init__(specs, cost, config.block_size, stage_mode=False, on_finish=on_finish,
+                         trace=trace)
         self.sched = VllmScheduler(config)
 
     def _start(self) -> None:
@@ -38,12 +41,13 @@ class VllmNode(Node):
     def _loop(self):
         sched = self.sched
         while not self._done():
+            preempted = sched.preemptions
             plan = sched.schedule(self.env.now)
             if not plan.has_forward:
                 yield self._idle("gpu")
                 continue
             self.stats.gpu_rounds += 1
-            result = yield from self._run_forward(plan)
+            result = yield from self._run_forward(plan, preempted=sched.preemptions - preempted)
             sched.apply(plan, result)
             self.stats.preemptions = sched.preemptions
             self._note_finished()

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 CORE = Path(__file__).resolve().parents[2] / "dualpace_sim" / "core"
 
 
@@ -26,8 +28,10 @@ def test_core_sources_import_only_the_standard_library_and_the_core():
     assert not offenders, offenders
 
 
-def test_importing_the_core_loads_no_backend():
-    code = ("import sys, dualpace_sim.core; "
+@pytest.mark.parametrize("module", ["dualpace_sim.core", "dualpace_sim.trace_events"])
+def test_importing_loads_no_backend(module):
+    """The trace recorder too: the real runtime writes its timelines through it."""
+    code = (f"import sys, {module}; "
             "bad = [m for m in ('simpy', 'torch', 'dualpace_sim.sim') if m in sys.modules]; "
             "sys.exit(repr(bad) if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -9,10 +9,10 @@ from dualpace_sim.sim.links import Link
 
 def test_directions_are_independent_and_each_is_fifo():
     link = Link(h2d_bytes_per_s=10.0, d2h_bytes_per_s=20.0, latency_s=1.0)
-    assert link.h2d.transfer(0.0, 100) == pytest.approx(11.0)
-    assert link.d2h.transfer(0.0, 100) == pytest.approx(6.0)  # not behind the H2D transfer
-    assert link.h2d.transfer(2.0, 10) == pytest.approx(13.0)  # queued behind the first H2D
-    assert link.h2d.transfer(20.0, 10) == pytest.approx(22.0)  # idle link: no queueing
+    assert link.h2d.transfer(0.0, 100) == pytest.approx((0.0, 11.0))
+    assert link.d2h.transfer(0.0, 100) == pytest.approx((0.0, 6.0))  # not behind the H2D one
+    assert link.h2d.transfer(2.0, 10) == pytest.approx((11.0, 13.0))  # queued behind the first
+    assert link.h2d.transfer(20.0, 10) == pytest.approx((20.0, 22.0))  # idle link: no queueing
 
 
 def test_carried_assist_bytes_are_counted_but_never_delay_kv_copies():
