@@ -16,14 +16,16 @@ built in code (say, synthesized from a changed hardware spec) can stand in for t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from .costs import Profile
+from .costs import CostExtrapolationWarning, Profile
 from .metrics import longest_cpu_stall, sustainable_rate
 from .runner import simulate
 from .scenario import ScenarioError, SweepSpec, Targets, load_scenario
@@ -38,6 +40,10 @@ COLUMNS = (*SWEEP_COLUMNS, "gpu_kv_blocks", "host_kv_blocks", *ENGINE_COLUMNS)
 
 # The metric name of "every target at once" in sustainable()'s table.
 ALL_TARGETS = "all_targets"
+
+# The target metrics as sentences name them.
+METRIC_NAMES = {"normalized_latency_s": "normalized latency", "p99_ttft_s": "P99 TTFT",
+                "p99_itl_s": "P99 ITL", "p99_tpot_s": "P99 TPOT"}
 
 
 def run_policies(
@@ -84,13 +90,15 @@ def rate_sweep(
 def sustainable(table: pd.DataFrame, targets: Mapping[str, float] | None = None) -> pd.DataFrame:
     """The sustainable request rate of each policy of a :func:`rate_sweep` table, per target
     metric and for all of them at once (:data:`ALL_TARGETS`: the lowest of the per-target
-    rates), in a form that plots: columns ``policy, metric, target, rate, bound, text``.
+    rates), in a form that plots: columns ``policy, metric, target, rate, bound, text,
+    limited_by``.
 
     ``rate`` is the interpolated crossing (:func:`metrics.sustainable_rate`) with ``bound``
     ``"="``; when the target holds over the whole sweep it is the highest swept rate with
     ``bound`` ``">="``, when even the lowest rate misses it, the lowest with ``bound`` ``"<"``.
-    ``text`` is how `dualpace-sim sweep` prints it (``3.42``, ``> 6``, ``< 1``). ``targets``
-    defaults to the paper's (:class:`scenario.Targets`).
+    ``text`` is how `dualpace-sim sweep` prints it (``3.42``, ``> 6``, ``< 1``); ``limited_by``
+    names the metric whose target sets the rate (empty when every target held over the sweep).
+    ``targets`` defaults to the paper's (:class:`scenario.Targets`).
     """
     targets = Targets().model_dump() if targets is None else dict(targets)
     rows = []
@@ -107,9 +115,36 @@ def sustainable(table: pd.DataFrame, targets: Mapping[str, float] | None = None)
             else:
                 rate, bound = found, "="
             own.append({"policy": policy, "metric": metric, "target": targets[metric],
-                        "rate": float(rate), "bound": bound, "text": format_rate(found, rates)})
+                        "rate": float(rate), "bound": bound, "text": format_rate(found, rates),
+                        "limited_by": "" if bound == ">=" else metric})
         # The lowest rate wins; at a tie, a target that fails below the sweep or crosses inside
         # it says more than one that holds over it.
         worst = min(own, key=lambda r: (r["rate"], r["bound"] == ">="))
         rows += [*own, {**worst, "metric": ALL_TARGETS, "target": np.nan}]
-    return pd.DataFrame(rows, columns=["policy", "metric", "target", "rate", "bound", "text"])
+    return pd.DataFrame(rows, columns=["policy", "metric", "target", "rate", "bound", "text",
+                                       "limited_by"])
+
+
+def rate_in_words(rate: float, bound: str) -> str:
+    """A rate of :func:`sustainable` for a sentence, honest about the edges of the sweep:
+    ``3.42 req/s``, ``at least 6.00 req/s``, ``below 1.00 req/s``."""
+    prefix = {"=": "", ">=": "at least ", "<": "below "}[bound]
+    return f"{prefix}{rate:.2f} req/s"
+
+
+@contextmanager
+def extrapolated_tables() -> Iterator[list[str]]:
+    """Collect, rather than print, the cost model's warnings about lookups outside a profile's
+    tables: a study runs dozens of simulations, each of which would warn anew. The yielded
+    list holds the names of the tables that were extended (sorted) once the block ends; other
+    warnings pass through."""
+    tables: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CostExtrapolationWarning)
+        yield tables
+    for w in caught:
+        if issubclass(w.category, CostExtrapolationWarning):
+            tables.append(w.message.table)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    tables[:] = sorted(set(tables))

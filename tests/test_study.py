@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from dualpace_sim.costs import ModelShape, load_spec, synthesize
+from dualpace_sim.costs import CostModel, ModelShape, load_profile, load_spec, synthesize
 from dualpace_sim.scenario import ScenarioError, load_scenario
-from dualpace_sim.study import ALL_TARGETS, COLUMNS, rate_sweep, run_policies, sustainable
+from dualpace_sim.study import (
+    ALL_TARGETS,
+    COLUMNS,
+    extrapolated_tables,
+    rate_in_words,
+    rate_sweep,
+    run_policies,
+    sustainable,
+)
 from dualpace_sim.sweep import SWEEP_COLUMNS, run_sweep
 
-SMALL = {"workload": {"num_requests": 60}}
+from .conftest import RTX4090_LLAMA
 
 
 def test_changes_act_as_if_written_in_the_file(write_scenario):
@@ -93,12 +102,33 @@ def test_sustainable_rates_per_target_and_for_all_at_once():
                p99_ttft_s=[1.0, 1.0, 1.0], p99_itl_s=[1.0, 1.0, 1.0], p99_tpot_s=[1.0, 1.0, 1.0]),
     ], ignore_index=True)
     got = sustainable(table, targets).set_index(["policy", "metric"])
-    assert got.loc[("a", "normalized_latency_s"), ["rate", "bound", "text"]].tolist() == [
-        pytest.approx(2.5), "=", "2.5"]
-    assert got.loc[("a", "p99_ttft_s"), ["rate", "bound", "text"]].tolist() == [3.0, ">=", "> 3"]
+    columns = ["rate", "bound", "text", "limited_by"]
+    assert got.loc[("a", "normalized_latency_s"), columns].tolist() == [
+        pytest.approx(2.5), "=", "2.5", "normalized_latency_s"]
+    assert got.loc[("a", "p99_ttft_s"), columns].tolist() == [3.0, ">=", "> 3", ""]
     assert got.loc[("a", "p99_itl_s"), "rate"] == pytest.approx(2.375)
     # every target at once: the lowest per-target rate, here ITL's
-    assert got.loc[("a", ALL_TARGETS), "rate"] == pytest.approx(2.375)
+    assert got.loc[("a", ALL_TARGETS), columns].tolist() == [
+        pytest.approx(2.375), "=", "2.38", "p99_itl_s"]
     assert np.isnan(got.loc[("a", ALL_TARGETS), "target"])
-    assert got.loc[("b", ALL_TARGETS), ["rate", "bound", "text"]].tolist() == [1.0, "<", "< 1"]
+    assert got.loc[("b", ALL_TARGETS), columns].tolist() == [
+        1.0, "<", "< 1", "normalized_latency_s"]
     assert len(got) == 2 * (len(targets) + 1)
+    held = sustainable(table[table.policy == "a"].assign(
+        normalized_latency_s=0.1, p99_itl_s=0.1), targets).set_index("metric")
+    assert held.loc[ALL_TARGETS, ["rate", "bound", "limited_by"]].tolist() == [3.0, ">=", ""]
+
+
+def test_rates_in_words_say_which_side_of_the_sweep():
+    assert rate_in_words(3.4166, "=") == "3.42 req/s"
+    assert rate_in_words(6.0, ">=") == "at least 6.00 req/s"
+    assert rate_in_words(1.0, "<") == "below 1.00 req/s"
+
+
+def test_extrapolations_are_collected_by_table_and_other_warnings_pass():
+    cost = CostModel(load_profile(RTX4090_LLAMA))
+    with pytest.warns(UserWarning, match="unrelated"), extrapolated_tables() as tables:
+        cost.gpu_linear(100_000)  # beyond the 16,384-token tables
+        CostModel(cost.profile).gpu_linear(200_000)  # a second model warns again
+        warnings.warn("unrelated", UserWarning, stacklevel=1)
+    assert tables == ["gpu.post_attn", "gpu.pre_attn"]

@@ -27,7 +27,11 @@ AssistKind = Literal["p", "lA", "lS"]
 
 
 class CostExtrapolationWarning(UserWarning):
-    """A cost was asked for outside the profiled range of a table."""
+    """A cost was asked for outside the profiled range of a table (named by ``table``)."""
+
+    def __init__(self, message: str, table: str = "") -> None:
+        super().__init__(message)
+        self.table = table
 
 
 class _Axis:
@@ -65,10 +69,12 @@ class _Lookup:
         if not self._warned:
             self._warned = True
             warnings.warn(
-                f"cost table {self.name}: {where} is outside the profiled range {ranges}; "
-                "extrapolating from the last segment (further queries of this table "
-                "are not reported)",
-                CostExtrapolationWarning,
+                CostExtrapolationWarning(
+                    f"cost table {self.name}: {where} is outside the profiled range {ranges}; "
+                    "extrapolating from the last segment (further queries of this table "
+                    "are not reported)",
+                    self.name,
+                ),
                 stacklevel=4,
             )
 

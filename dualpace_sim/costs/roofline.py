@@ -157,7 +157,7 @@ def with_cpu_cores(spec: HardwareSpec, cores: int, dram_ceiling_bytes_per_s: flo
                          f"already draw; give the socket's ceiling")
     scale = cores / c.cores
     cpu = c.model_copy(update={
-        "name": f"{c.name}, {cores} cores",
+        "name": f"{c.name} scaled to {cores} cores",
         "cores": cores,
         "amx_bf16_flops": c.amx_bf16_flops * scale,
         "avx512_bf16_flops": c.avx512_bf16_flops * scale,
