@@ -513,7 +513,16 @@ class GpuExecutor:
             self._pinned[name] = buf
         return buf
 
-    def _stage_out(self, name: str, t: torch.Tensor) -> torch.Tensor:
+    def _stage_out(self, name: str, t: torch.Tensor,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+        """A result back to the CPU: straight into `out` (pinned, e.g. the runtime's shared
+        assist buffer: one DMA, no CPU copy), else through a pinned buffer and a clone."""
+        if out is not None:
+            out.copy_(t.reshape(out.shape), non_blocking=self.cuda and out.is_pinned())
+            if self.cuda:
+                self._assist_event.record()
+                self._assist_event.synchronize()
+            return out
         if not self.cuda:
             return t
         buf = self._pinned_buffer(name, t.numel(), t.dtype)
@@ -524,24 +533,27 @@ class GpuExecutor:
         return view.clone()
 
     def assist_post_attn(self, layer: int, attn_out_cpu: torch.Tensor,
-                         residual_cpu: torch.Tensor) -> torch.Tensor:
+                         residual_cpu: torch.Tensor, out: torch.Tensor | None = None
+                         ) -> torch.Tensor:
         """Dense Assist g_p: one non-final post-attention stage of a CPU batch -> hidden (CPU)."""
         attn = self._stage_in("attn", attn_out_cpu)
         res = self._stage_in("residual", residual_cpu)
-        return self._stage_out("hidden", self._post_attn(layer, attn, res))
+        return self._stage_out("hidden", self._post_attn(layer, attn, res), out)
 
-    def assist_post_layer(self, hidden_cpu: torch.Tensor) -> torch.Tensor:
+    def assist_post_layer(self, hidden_cpu: torch.Tensor,
+                          out: torch.Tensor | None = None) -> torch.Tensor:
         """Dense Assist g_lS (Split-Final): the post-layer of a CPU batch -> token ids (CPU)."""
         h = self._stage_in("residual", hidden_cpu)
-        return self._stage_out("tokens", greedy(self.model.post_layer(h)))
+        return self._stage_out("tokens", greedy(self.model.post_layer(h)), out)
 
     def assist_fused_final(self, layer: int, attn_out_cpu: torch.Tensor,
-                           residual_cpu: torch.Tensor) -> torch.Tensor:
+                           residual_cpu: torch.Tensor, out: torch.Tensor | None = None
+                           ) -> torch.Tensor:
         """Dense Assist g_lA (Fused-Assist): the last post-attention stage and the post-layer."""
         attn = self._stage_in("attn", attn_out_cpu)
         res = self._stage_in("residual", residual_cpu)
         h = self._post_attn(layer, attn, res)
-        return self._stage_out("tokens", greedy(self.model.post_layer(h)))
+        return self._stage_out("tokens", greedy(self.model.post_layer(h)), out)
 
 
 def _causal_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

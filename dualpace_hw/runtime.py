@@ -101,14 +101,12 @@ class AssistServer:
             return False
         start = time.perf_counter()
         kind, layer, rows, waited = b.take()
+        # Results go straight into the shared buffers (one DMA on CUDA, no CPU copy).
         if kind == "lS":
-            out = ex.assist_post_layer(b.residual[:rows])
+            ex.assist_post_layer(b.residual[:rows], out=b.tokens[:rows])
         else:
-            out = getattr(ex, self._METHODS[kind])(layer, b.attn[:rows], b.residual[:rows])
-        if kind == "p":
-            b.hidden[:rows].copy_(out)
-        else:
-            b.tokens[:rows].copy_(torch.as_tensor(out).reshape(-1))
+            out = b.hidden[:rows] if kind == "p" else b.tokens[:rows]
+            getattr(ex, self._METHODS[kind])(layer, b.attn[:rows], b.residual[:rows], out=out)
         b.done()
         self.calls += 1
         self.wait_s += waited
@@ -242,14 +240,19 @@ class DualPaceRuntime(_Engines):
     def serve(self) -> list[Request]:
         cores = self.cpu_engine.cores
         affinity = os.sched_getaffinity(0) if cores and hasattr(os, "sched_getaffinity") else None
+        threads = torch.get_num_threads()
         try:
             if affinity and affinity - set(cores):
-                os.sched_setaffinity(0, affinity - set(cores))  # keep off the CPU engine's cores
+                # Keep off the CPU engine's cores, with as many OpenMP threads as cores left:
+                # a team of 16 on 2 cores turns every small CPU copy into a time-slicing stall.
+                os.sched_setaffinity(0, affinity - set(cores))
+                torch.set_num_threads(len(affinity - set(cores)))
             return self.run({"GPU": self._gpu_loop, "CPU": self._cpu_loop}, self.state.submit,
                             lambda: self.state.finished)
         finally:
             if affinity:
                 os.sched_setaffinity(0, affinity)
+                torch.set_num_threads(threads)
             ch = self.channel
             self.stats.assist_calls, self.stats.assist_wait_s = ch.calls, ch.wait_s
             self.stats.assist_service_s = ch.service_s
