@@ -194,8 +194,12 @@ def validate(
     typer.echo(format_table(result.table))
     for line in result.notes:
         typer.echo(line)
+    for report in result.replays:
+        typer.echo(f"replay check: {report.line()}")
     typer.echo(f"results in {result.out_dir}/ (validation.csv, sim/, timeline_overlay.png, "
                f"latency_cdf_overlay.png)")
+    if any(not r.ok for r in result.replays):
+        raise typer.Exit(1)
 
 
 app.add_typer(profile_app, name="profile", help="Inspect a calibration profile and fit its "

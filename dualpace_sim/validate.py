@@ -13,6 +13,8 @@ Outputs, under OUTDIR (default ``DIR/validation``):
   (simulated − real) / real;
 * ``sim/requests.parquet`` and ``sim/summary.json`` — the simulated run, as ``dualpace-sim run``
   writes it (``dualpace-sim plot OUTDIR/sim`` draws it);
+* ``replay.txt`` — where the real run left its journals (``journal-POLICY.jsonl``), the replay
+  check of :mod:`dualpace_sim.replay`: the runtime's decisions reproduced by the core, or not;
 * ``timeline_overlay`` and ``latency_cdf_overlay`` (PNG and PDF) — cumulative generated and
   CPU-decoded tokens, and TTFT / ITL CDFs, real solid vs simulated dashed, per policy.
 """
@@ -31,6 +33,7 @@ import pyarrow as pa
 from .metrics import summarize
 from .plots import plot_latency_cdf_overlay, plot_timeline_overlay
 from .records import read_records, write_records
+from .replay import ReplayReport, replay_run
 from .runner import _json_safe, simulate
 from .scenario import LoadedScenario, load_scenario
 
@@ -72,6 +75,7 @@ class ValidationResult:
     out_dir: Path
     files: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # warnings and facts worth printing
+    replays: list[ReplayReport] = field(default_factory=list)  # the replay check, per journal
 
 
 def read_real_run(path: Path | str) -> RealRun:
@@ -274,4 +278,8 @@ def validate(real_dir: Path | str, scenario: Path | str, out_dir: Path | str | N
                                    title=f"{name}, token progress")
     files += plot_latency_cdf_overlay(real.frames, sim_frames, out / "latency_cdf_overlay",
                                       title=f"{name}, latency CDFs")
-    return ValidationResult(table, out, files, notes)
+    replays = replay_run(real.path, loaded)  # the runtime's journals, where it wrote them
+    if replays:
+        (out / "replay.txt").write_text("".join(r.line() + "\n" for r in replays))
+        files.append(out / "replay.txt")
+    return ValidationResult(table, out, files, notes, replays)

@@ -11,13 +11,14 @@ Plans are recorded as `describe_*` summaries: request ids and sizes only, JSON-f
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .plans import CpuPlan, GpuPlan
 
-JOURNAL_FILE = "journal-{policy}.jsonl"
+JOURNAL_FILE = "journal-{policy}.jsonl.gz"  # gzip: a minute of serving is ~10^5 calls
 
 
 def _ids(reqs) -> list[int]:
@@ -57,14 +58,14 @@ class Journal:
         self.entries.append(Entry(t, engine, call, data))
 
     def write(self, path: Path) -> None:
-        with open(path, "w") as f:
+        with gzip.open(path, "wt") as f:
             for e in self.entries:
                 f.write(json.dumps(asdict(e)) + "\n")
 
     @classmethod
     def read(cls, path: Path) -> Journal:
         journal = cls()
-        with open(path) as f:
+        with gzip.open(path, "rt") as f:
             for line in f:
                 d = json.loads(line)
                 d["data"] = {k: _int_keys(v) if k == "tokens" else v
