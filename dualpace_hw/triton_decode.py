@@ -34,7 +34,14 @@ def available() -> bool:
 
 if HAVE_TRITON:
 
-    @triton.jit
+    # Integers that vary from batch to batch are not specialized on (Triton would compile a
+    # variant per divisibility class), and the split count is a runtime value: a cold
+    # variant costs ~1 s of JIT in the middle of serving. What remains is few enough for
+    # `warm_up` to compile before the clock starts.
+    _VARYING = ["stride_btb", "stride_pb", "stride_ph", "stride_lb", "stride_lh",
+                "blocks_per_split"]
+
+    @triton.jit(do_not_specialize=_VARYING)
     def _paged_decode_kernel(
         q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr,
         stride_qb, stride_qh,
@@ -108,11 +115,11 @@ if HAVE_TRITON:
             tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                      o.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["stride_pb", "stride_ph", "stride_lb", "stride_lh", "S"])
     def _merge_splits_kernel(
         part_ptr, lse_ptr, out_ptr,
-        stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-        S: tl.constexpr, S_PAD: tl.constexpr, HD: tl.constexpr,
+        stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh, S,
+        S_PAD: tl.constexpr, HD: tl.constexpr,
     ):
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -203,7 +210,7 @@ def paged_decode_attention(
     )
     if splits > 1:
         _merge_splits_kernel[(bsz, n_heads)](
-            part, lse, out, psb, psh, pss, lsb, lsh, out.stride(0), out.stride(1),
-            S=splits, S_PAD=triton.next_power_of_2(splits), HD=hd, num_warps=4,
+            part, lse, out, psb, psh, pss, lsb, lsh, out.stride(0), out.stride(1), splits,
+            S_PAD=triton.next_power_of_2(splits), HD=hd, num_warps=4,
         )
     return out
