@@ -225,7 +225,8 @@ def test_prefill_to_cpu_then_cpu_side_decode_continues_the_sequence(device):
     box.run(box.plan([], [box.chunk(r, 6, to_cpu=True)]))
     box.run(box.plan([], [box.chunk(r, 5, to_cpu=True)]))
     box.ex.copies.wait()
-    host_model = Model(box.shape, ModelWeights.random(box.shape, seed=1, dtype=torch.float32))
+    host_model = Model(box.shape, box.model.w.to("cpu"))  # the same weights (seeded draws
+    # differ between devices)
     ids = box.tokens.ids(20)
     p = len(ids) - 1
     r.blocks.extend(box.host.allocate(r.next_blocks(BS)))
@@ -277,7 +278,7 @@ def test_dense_assist_equals_the_models_own_stages_on_the_cpu(name, device):
     shape = ModelShape.from_name(name)
     dtype = torch.float32
     model = Model(shape, ModelWeights.random(shape, seed=3, device=device, dtype=dtype))
-    cpu = Model(shape, ModelWeights.random(shape, seed=3, dtype=dtype))
+    cpu = Model(shape, model.w.to("cpu"))  # the same weights: seeded draws differ by device
     pool = PagedKVPool(shape, 4, BS, device=device, dtype=dtype)
     ex = GpuExecutor(model, pool, TokenStore())
     g = torch.Generator().manual_seed(0)
@@ -402,7 +403,7 @@ def test_swapped_out_decoded_on_the_cpu_executor_and_back_gives_the_same_tokens(
     moved.hbm.release(gpu_ids)
     moved.ex.migrate(out_plan).wait()
     # three decode steps on the CPU executor, over the host pool, with a CPU copy of the model
-    cpu_model = Model(moved.shape, ModelWeights.random(moved.shape, seed=1, dtype=dtype))
+    cpu_model = Model(moved.shape, moved.model.w.to("cpu"))  # seeded draws differ by device
     cpu = CpuExecutor(cpu_model, moved.host_pool, moved.tokens, threads=1)
     for _ in range(3):
         r.blocks.extend(moved.host.allocate(r.next_blocks(BS)))
