@@ -65,6 +65,10 @@ def run(
     out: Annotated[Path, typer.Option(help="directory for results")],
     device: Annotated[str, typer.Option(help="'cuda', or 'cpu' for tests")] = "cuda",
     cpu_cores: Annotated[int | None, typer.Option(help="cores for the CPU engine")] = None,
+    trace_events: Annotated[Path | None, typer.Option(
+        "--trace-events", metavar="FILE",
+        help="also write a timeline trace (Chrome/Perfetto JSON, as `dualpace-sim run "
+             "--trace-events` writes; one process per policy)")] = None,
 ) -> None:
     """Replay SCENARIO's workload in real time against the real runtime (DualPace and vLLM;
     NEO is simulated only) and write what `dualpace-sim run` writes."""
@@ -75,7 +79,10 @@ def run(
 
     try:
         loaded = load_scenario(scenario)
-        summaries = run_real(loaded, out, device, cpu_cores)
+        if trace_events is not None and trace_events.is_dir():
+            _fail(f"--trace-events {trace_events}: is a directory; give a file such as "
+                  f"{trace_events / 'trace.json'}")
+        summaries = run_real(loaded, out, device, cpu_cores, trace_events)
     except (ScenarioError, ValueError, EngineFailure) as e:
         _fail(str(e))
     except KeyboardInterrupt:

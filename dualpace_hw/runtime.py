@@ -37,6 +37,14 @@ from dualpace_sim.core import (
 from dualpace_sim.core.journal import Journal, describe_cpu, describe_gpu
 from dualpace_sim.core.routing import Route
 from dualpace_sim.core.vllm import VllmConfig, VllmScheduler
+from dualpace_sim.trace_events import (
+    CPU_ENGINE,
+    DENSE_ASSIST,
+    GPU_ENGINE,
+    PCIE_D2H,
+    PCIE_H2D,
+    TraceRecorder,
+)
 
 from .cpu_executor import CpuStep
 from .cpu_worker import AssistBlock, CpuEngineProcess, WorkerFailed
@@ -81,14 +89,18 @@ class EngineFailure(RuntimeError):
     """An engine thread failed; the message names it and the others stopped."""
 
 
+_ASSIST_NAMES = {"p": "post-attention", "lA": "fused final", "lS": "post-layer"}
+
+
 class AssistServer:
     """The GPU engine's side of Dense Assist: polls the shared control block at stage
     boundaries; a CPU-Ready request becomes GPU-Running, runs, and is published GPU-Done."""
 
     _METHODS = {"p": "assist_post_attn", "lA": "assist_fused_final", "lS": "assist_post_layer"}
 
-    def __init__(self, block: AssistBlock) -> None:
+    def __init__(self, block: AssistBlock, engines: _Engines) -> None:
         self.block = block
+        self.engines = engines  # for the clock and the timeline trace
         self.calls = 0
         self.wait_s = 0.0  # CPU-Ready -> GPU-Running, summed: the stage-boundary wait
         self.service_s = 0.0  # GPU-Running -> GPU-Done, summed
@@ -99,7 +111,7 @@ class AssistServer:
         b = self.block
         if not b.ready():
             return False
-        start = time.perf_counter()
+        start, t0 = time.perf_counter(), self.engines.now()
         kind, layer, rows, waited = b.take()
         # Results go straight into the shared buffers (one DMA on CUDA, no CPU copy).
         if kind == "lS":
@@ -111,6 +123,8 @@ class AssistServer:
         self.calls += 1
         self.wait_s += waited
         self.service_s += time.perf_counter() - start
+        self.engines.slice(DENSE_ASSIST, _ASSIST_NAMES[kind], t0, self.engines.now(), rows=rows,
+                           layer=layer, queued_us=round(waited * 1e6, 1))
         return True
 
 
@@ -153,6 +167,7 @@ class _Engines:
         self.t0 = 0.0
         self.stats = RunStats()
         self.journal = Journal()  # appended to under self.lock only
+        self.trace: TraceRecorder | None = None  # the timeline, when asked for
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -162,6 +177,11 @@ class _Engines:
         t = self.now()
         self.journal.record(t, engine, call, **data)
         return t
+
+    def slice(self, track: str, name: str, start_s: float, end_s: float, **args) -> None:
+        """A timeline slice, in the format `dualpace-sim run --trace-events` writes."""
+        if self.trace is not None:
+            self.trace.complete(track, name, start_s, end_s, **args)
 
     def wake(self) -> None:
         with self.work:
@@ -235,7 +255,7 @@ class DualPaceRuntime(_Engines):
         self.state = EngineState(config)
         self.gpu_sched, self.cpu_sched = GpuScheduler(self.state), CpuScheduler(self.state)
         self.stage_mode = assist_reachable(config.largest_cpu_batch, config.route_f)
-        self.channel = AssistServer(cpu_engine.assist)
+        self.channel = AssistServer(cpu_engine.assist, self)
         self.cpu_engine = cpu_engine
         self.gpu = GpuExecutor(gpu_model, gpu_pool, self.tokens, cpu_engine.host_pool)
 
@@ -284,18 +304,21 @@ class DualPaceRuntime(_Engines):
                     ex.note_swap_outs(plan)
                     sched.commit(plan)
             if plan.wait_for_copies:
+                waited_from = self.now()
                 while not ex.copies_done():
                     self.channel.serve(ex)
                     time.sleep(0.0002)
                 with self.work:
-                    st.complete_copy_group(self.record("gpu", "copies_done"))
+                    done = self.record("gpu", "copies_done")
+                    st.complete_copy_group(done)
                     self.cpu_work.notify_all()
+                self.slice(GPU_ENGINE, "wait for Prefill-to-CPU copies", waited_from, done)
                 continue
             if plan.is_empty:
                 self._idle_wait()
                 continue
             self.stats.gpu_rounds += 1
-            start = time.perf_counter()
+            start, t0 = time.perf_counter(), self.now()
             tokens: dict[int, int] = {}
             if plan.has_forward:
                 fw = ex.stages(plan)
@@ -317,6 +340,7 @@ class DualPaceRuntime(_Engines):
             if ex.swap_handle is not None and plan.has_migrations:
                 ex.swap_handle.wait()
             self.stats.gpu_busy_s += time.perf_counter() - start
+            _trace_gpu_round(self, plan, t0, self.now())
             with self.work:
                 if plan.has_migrations:
                     st.complete_migrations(plan.swap_outs, plan.swap_ins,
@@ -346,17 +370,41 @@ class DualPaceRuntime(_Engines):
             routes = self.stats.routes
             routes[plan.route.value] = routes.get(plan.route.value, 0) + 1
             self.channel.expecting = plan.route != Route.FULL_CPU
+            t0 = self.now()
             try:
                 tokens, busy, assist_s = self.cpu_engine.step(step, self.stop.is_set)
             finally:
                 self.channel.expecting = False
             self.stats.cpu_busy_s += busy
             self.stats.cpu_assist_s += assist_s
+            self.slice(CPU_ENGINE, plan.route.value, t0, self.now(), batch=len(plan.batch),
+                       context=plan.context, assist_ms=round(assist_s * 1e3, 3),
+                       requests=[r.req_id for r in plan.batch])
             with self.work:
                 sched.apply(plan, CpuResult(self.record("cpu", "apply", tokens=tokens), tokens))
                 for req_id, tok in tokens.items():
                     self.tokens.append(req_id, tok)
                 self.work.notify_all()
+
+def _trace_gpu_round(engines: _Engines, plan, start_s: float, end_s: float) -> None:
+    """A GPU round's slices: the forward (or migration-only round) on the GPU engine's track,
+    and its swaps on the link's tracks (issue to completion, as the engine waited on them)."""
+    if engines.trace is None:
+        return
+    if plan.has_forward:
+        engines.slice(GPU_ENGINE, "forward", start_s, end_s, decodes=len(plan.decodes),
+                      prefill_tokens=sum(c.tokens for c in plan.prefills),
+                      prefill_to_cpu=[c.req.req_id for c in plan.prefills if c.to_cpu],
+                      prefills=[c.req.req_id for c in plan.prefills if not c.to_cpu])
+    else:
+        engines.slice(GPU_ENGINE, "wait for swaps", start_s, end_s)
+    if plan.swap_outs:
+        engines.slice(PCIE_D2H, "swap-out", start_s, end_s, blocks=plan.swap_out_blocks,
+                      requests=[r.req_id for r in plan.swap_outs])
+    if plan.swap_ins:
+        engines.slice(PCIE_H2D, "swap-in", start_s, end_s, blocks=plan.swap_in_blocks,
+                      requests=[r.req_id for r in plan.swap_ins])
+
 
 class VllmRuntime(_Engines):
     """vLLM's single GPU engine on the same executor."""
@@ -380,9 +428,10 @@ class VllmRuntime(_Engines):
                     self.work.wait(0.01)
                     continue
             self.stats.gpu_rounds += 1
-            start = time.perf_counter()
+            start, t0 = time.perf_counter(), self.now()
             tokens = self.gpu.execute(plan)
             self.stats.gpu_busy_s += time.perf_counter() - start
+            _trace_gpu_round(self, plan, t0, self.now())
             with self.work:
                 self.sched.apply(plan, GpuResult(self.record("gpu", "apply", tokens=tokens),
                                                  tokens))

@@ -17,6 +17,7 @@ from dualpace_sim.plots import plot_timeline
 from dualpace_sim.records import records_frame, write_records
 from dualpace_sim.runner import _json_safe
 from dualpace_sim.scenario import LoadedScenario
+from dualpace_sim.trace_events import TraceRecorder, write_trace
 
 from .cpu_worker import CpuEngineProcess
 from .kv import PagedKVPool
@@ -43,13 +44,15 @@ def build_runtime(loaded: LoadedScenario, policy: str, device: str, cpu_cores: i
 
 
 def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
-             cpu_cores: int | None = None) -> list[dict]:
-    """Run every policy the runtime has for real; write results after each one."""
+             cpu_cores: int | None = None, trace_events: Path | None = None) -> list[dict]:
+    """Run every policy the runtime has for real; write results after each one (and the
+    timeline trace, one process per policy, when `trace_events` names a file)."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("no CUDA device: run on a GPU box, or pass --device cpu (tests)")
     out.mkdir(parents=True, exist_ok=True)
     frames: dict[str, pd.DataFrame] = {}
     summaries = []
+    traces: list[TraceRecorder] = []
     for policy in loaded.spec.policies:
         if policy not in REAL_POLICIES:
             print(f"{policy}: simulated only (the real runtime runs {', '.join(REAL_POLICIES)})")
@@ -60,6 +63,9 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
             print(f"dualpace: CPU engine process {engine.pid} on "
                   f"{'cores ' + str(list(engine.cores)) if engine.cores else 'all cores'}",
                   flush=True)
+        if trace_events is not None:
+            runtime.trace = TraceRecorder(f"{loaded.spec.name}: {policy} (real)")
+            traces.append(runtime.trace)
         requests = runtime.serve()
         runtime.journal.write(out / JOURNAL_FILE.format(policy=policy))
         frame = records_frame(requests, policy)
@@ -71,6 +77,8 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
         })
         write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet")
         (out / "summary.json").write_text(json.dumps(_json_safe(summaries), indent=2) + "\n")
+        if trace_events is not None:
+            write_trace(trace_events, traces)
     if frames:
         plot_timeline(frames, out / "timeline")
     return summaries

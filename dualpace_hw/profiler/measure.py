@@ -259,6 +259,34 @@ class Measurer:
         ex = GpuExecutor(self.gpu, self.gpu_pool, tokens)
         return self.cpu_t.wall(lambda: ex.prepare(plan))
 
+    def eager_layer(self) -> float:
+        """The floor of a layer run without CUDA graphs, as batches with prefill chunks are:
+        a small mixed batch (one 64-token chunk, 8 decodes) through the executor's layer,
+        back to back, so where the GPU is faster than the host this is the host's time to
+        issue the layer's kernels (the stage tables are graph replays and leave it out)."""
+        from dualpace_sim.core import GpuPlan, Request
+
+        from ..gpu_executor import GpuExecutor
+        from ..migrate import CopyGroup
+        from ..tokens import TokenStore
+
+        tokens, plan = TokenStore(), GpuPlan()
+        for i in range(8):
+            r = Request.create(i, 0.0, 15, 16, self.bs)
+            r.blocks = [i % self.gpu_pool.n_blocks]
+            r.token_times.append(0.0)
+            tokens.add(i, [1] * 16)
+            plan.decodes.append(r)
+        p = Request.create(8, 0.0, 64, 16, self.bs)
+        p.blocks = [(8 + j) % self.gpu_pool.n_blocks for j in range(-(-64 // self.bs))]
+        tokens.add(8, [1] * 64)
+        plan.prefills.append(PrefillChunk(p, 0, 64, False, True))
+        plan.decode_context = 8 * 16
+        ex = GpuExecutor(self.gpu, self.gpu_pool, tokens, cuda_graphs=False)
+        batch, state, copies = ex.prepare(plan), _State(), CopyGroup()
+        ex._pre_layer(batch, state)
+        return self.gpu_t(lambda: ex._layer(0, batch, state, copies))
+
     def neo_launch_s(self) -> float:
         """NEO's lnch_T: the fixed cost of one CPU attention call (a one-token batch)."""
         return self.cpu_decode_attn(1, 1)

@@ -160,7 +160,9 @@ def run_profile(opt: Options) -> Profile:
         poll = point("assist.poll_s", m.poll_s)
         launch = point("neo.launch_s", m.neo_launch_s)
         overhead = point("iteration_overhead_s", m.iteration_overhead)
-    profile = _assemble(opt, m, values, waits, link, poll, launch, overhead, threads, protocol)
+        eager = point("gpu.eager_layer_s", m.eager_layer)
+    profile = _assemble(opt, m, values, waits, link, poll, launch, overhead, eager, threads,
+                        protocol)
     profile.save(opt.out)
     result = fit_controls(profile)
     fitted = with_controls(profile, result)
@@ -196,7 +198,8 @@ def _capacities(opt: Options, gpu_device: torch.device) -> tuple[int, int, dict]
 
 
 def _assemble(opt: Options, m: Measurer, v: dict, waits: dict, link: dict, poll: float,
-              launch: float, overhead: float, threads: int, protocol: Protocol) -> Profile:
+              launch: float, overhead: float, eager: float, threads: int,
+              protocol: Protocol) -> Profile:
     gpu_blocks, host_blocks, params = _capacities(opt, m.gpu_device)
     prov = box.provenance(m.gpu_device, threads, opt.command, dt.date.today().isoformat())
     prov["parameters"] = {**params, "warmups": protocol.warmups,
@@ -208,7 +211,8 @@ def _assemble(opt: Options, m: Measurer, v: dict, waits: dict, link: dict, poll:
         "along the line through the cap and half the cap. q_x = o_x = the in-process host "
         "overhead of an assist call (wall minus CUDA time); the runtime's shared-memory "
         "handshake is not included. Iteration overheads (both engines) = the GPU executor "
-        "building a 64-request decode batch."
+        "building a 64-request decode batch. gpu.eager_layer_s = one layer of a small mixed "
+        "batch run eagerly, back to back (the host's launch floor of prefill rounds)."
         + (" QUICK grids and protocol: for tests, not for studies." if opt.quick else ""))
     data = {
         "format": "dualpace-profile/1",
@@ -218,7 +222,8 @@ def _assemble(opt: Options, m: Measurer, v: dict, waits: dict, link: dict, poll:
                 "tensor_parallel": 1, "cpu": prov["cpu_model"], "cpu_cores": threads},
         "block_size": opt.block_size,
         "gpu": {k.split(".", 1)[1]: t for k, t in v.items() if k.startswith("gpu.")}
-        | {"iteration_overhead_s": overhead, "kv_capacity_blocks": gpu_blocks},
+        | {"iteration_overhead_s": overhead, "eager_layer_s": eager,
+           "kv_capacity_blocks": gpu_blocks},
         "cpu": {k.split(".", 1)[1]: t for k, t in v.items() if k.startswith("cpu.")}
         | {"iteration_overhead_s": overhead, "kv_capacity_blocks": host_blocks},
         "assist": {"g_p": v["assist.g_p"], "g_lA": v["assist.g_lA"], "g_lS": v["assist.g_lS"],

@@ -145,6 +145,7 @@ class CostModel:
         self.kv_block_bytes_per_layer = profile.block_size * shape.kv_bytes_per_token_per_layer
         self.kv_block_bytes = self.kv_block_bytes_per_layer * shape.n_layers
         self.gpu_iteration_overhead = profile.gpu.iteration_overhead_s
+        self.gpu_eager_layer = profile.gpu.eager_layer_s
         self.cpu_iteration_overhead = profile.cpu.iteration_overhead_s
         self.poll_s = profile.assist.poll_s
         self.neo_launch_s = profile.neo.launch_s
@@ -198,6 +199,8 @@ class CostModel:
             t += self._g_prefill_attn(chunk, context)
         if n_decodes:
             t += self._g_decode_attn(n_decodes, decode_context)
+        if prefills:  # run eagerly (decode-only batches replay graphs): the host may lag
+            t = max(t, self.gpu_eager_layer)
         return t
 
     def gpu_linear(self, n_tokens: int) -> float:

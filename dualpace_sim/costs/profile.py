@@ -160,6 +160,11 @@ class GpuCosts(StrictModel):
         description="whole model: final RMSNorm, LM head and sampling, by sampled rows")
     iteration_overhead_s: NonNegativeFloat = Field(
         description="fixed cost of every GPU iteration (building the batch's device inputs)")
+    eager_layer_s: NonNegativeFloat = Field(
+        default=0.0,
+        description="host time to issue one layer's kernels without CUDA graphs: a batch "
+                    "with prefill chunks runs eagerly, so its layers take at least this long "
+                    "(the stage tables are graph-replayed GPU times); 0 = no floor")
     kv_capacity_blocks: NonNegativeInt = Field(
         description="HBM KV capacity in blocks of `block_size` tokens")
 
@@ -353,9 +358,9 @@ _PER_LAYER_TABLES = (
 )
 _WHOLE_MODEL_TABLES = ("gpu.pre_layer", "gpu.post_layer", "cpu.pre_layer", "cpu.post_layer")
 _CONSTANTS = (
-    "gpu.iteration_overhead_s", "cpu.iteration_overhead_s", "assist.q.p", "assist.q.lA",
-    "assist.q.lS", "assist.o.p", "assist.o.lA", "assist.o.lS", "assist.poll_s", "link.latency_s",
-    "neo.launch_s",
+    "gpu.iteration_overhead_s", "gpu.eager_layer_s", "cpu.iteration_overhead_s", "assist.q.p",
+    "assist.q.lA", "assist.q.lS", "assist.o.p", "assist.o.lA", "assist.o.lS", "assist.poll_s",
+    "link.latency_s", "neo.launch_s",
 )
 PER_LAYER_MAX_S, PER_LAYER_FIRST_MAX_S = 10.0, 0.1
 WHOLE_MODEL_MAX_S, WHOLE_MODEL_FIRST_MAX_S = 100.0, 1.0

@@ -3,6 +3,7 @@ Dense Assist, against greedy tokens from a dense forward of each request."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
@@ -21,7 +22,7 @@ from typer.testing import CliRunner
 from dualpace_hw.cli import app
 from dualpace_hw.cpu_worker import AssistBlock, WorkerStopped
 from dualpace_hw.model import Model, ModelWeights, greedy
-from dualpace_hw.runtime import AssistServer, EngineFailure
+from dualpace_hw.runtime import AssistServer, EngineFailure, _Engines
 from dualpace_hw.serve import build_runtime, run_real
 from dualpace_hw.shm import SharedArena
 from dualpace_sim.core import Owner
@@ -79,8 +80,9 @@ def test_dualpace_runtime_serves_every_request_with_the_reference_tokens(tmp_pat
 
 def test_run_command_writes_what_the_simulator_writes(tmp_path):
     out = tmp_path / "real"
-    result = CliRunner().invoke(app, ["run", str(scenario(tmp_path, ["dualpace", "vllm", "neo"])),
-                                      "--out", str(out), "--device", "cpu"])
+    path = scenario(tmp_path, ["dualpace", "vllm", "neo"], route_p=0, route_f=0)  # assists
+    result = CliRunner().invoke(app, ["run", str(path), "--out", str(out), "--device", "cpu",
+                                      "--trace-events", str(out / "trace.json")])
     assert result.exit_code == 0, result.output
     assert "neo: simulated only" in result.output
     summary = json.loads((out / "summary.json").read_text())
@@ -90,6 +92,33 @@ def test_run_command_writes_what_the_simulator_writes(tmp_path):
     assert set(records["policy"]) == {"dualpace", "vllm"}
     assert (records["n_tokens"] == records["max_tokens"]).all()
     assert (out / "timeline.png").exists()
+    check_real_trace(out / "trace.json", summary)
+
+
+def check_real_trace(path, summary) -> None:
+    """The runtime's timeline: the simulator's tracks, sequential slices per track, inside
+    the run, and one slice per CPU round and per Dense Assist the engines counted."""
+    events = json.loads(path.read_text())["traceEvents"]
+    names = {(e["pid"], e["args"]["name"]) for e in events if e.get("name") == "process_name"}
+    assert {n for _, n in names} == {f"real-tiny: {s['policy']} (real)" for s in summary}
+    for pid, s in enumerate(summary, 1):
+        tracks = {e["tid"]: e["args"]["name"] for e in events
+                  if e["pid"] == pid and e.get("name") == "thread_name"}
+        slices: dict[str, list[tuple[float, float]]] = {}
+        for e in events:
+            if e["pid"] == pid and e["ph"] == "X":
+                assert e["ts"] >= 0 and e["dur"] >= 0
+                assert e["ts"] + e["dur"] <= s["engine"]["wall_s"] * 1e6 + 1
+                slices.setdefault(tracks[e["tid"]], []).append((e["ts"], e["ts"] + e["dur"]))
+        for track, spans in slices.items():
+            spans.sort()
+            assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), f"overlap: {track}"
+        engine = s["engine"]
+        assert len(slices["GPU engine"]) >= 1
+        assert len(slices.get("CPU engine", [])) == engine["cpu_rounds"]
+        assert len(slices.get("Dense Assist", [])) == engine["assist_calls"]
+        if s["policy"] == "dualpace":
+            assert engine["cpu_rounds"] > 0 and engine["assist_calls"] > 0
 
 
 def test_assist_block_hands_off_at_a_boundary_and_lets_go_on_stop():
@@ -99,7 +128,7 @@ def test_assist_block_hands_off_at_a_boundary_and_lets_go_on_stop():
                                                ((2, 4), torch.float32), ((2, 4), torch.float32),
                                                ((2,), torch.int64))]
     block = AssistBlock(*views)
-    server = AssistServer(block)
+    server = AssistServer(block, _Engines([], 16, 8))
 
     class FakeGpu:
         def assist_post_layer(self, hidden, out):
@@ -164,6 +193,23 @@ def test_a_killed_cpu_worker_ends_the_run_with_a_clear_error(tmp_path):
         runtime.serve()
     killer.join()
     assert runtime.stats.cpu_rounds >= 3
+    assert not runtime.cpu_engine.alive and _gone(pid)
+    assert not multiprocessing.active_children()
+
+
+def test_a_failing_gpu_engine_stops_the_cpu_process_too(tmp_path):
+    runtime = build_runtime(load_scenario(slow_scenario(tmp_path)), "dualpace", "cpu", None)
+    pid, stages, calls = runtime.cpu_engine.pid, runtime.gpu.stages, []
+
+    def failing(plan):
+        calls.append(plan)
+        if len(calls) > 20:
+            raise RuntimeError("CUDA error: an illegal memory access (injected)")
+        return stages(plan)
+
+    runtime.gpu.stages = failing
+    with pytest.raises(EngineFailure, match=r"GPU engine failed: RuntimeError: CUDA error"):
+        runtime.serve()
     assert not runtime.cpu_engine.alive and _gone(pid)
     assert not multiprocessing.active_children()
 
