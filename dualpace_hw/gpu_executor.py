@@ -439,10 +439,10 @@ class GpuExecutor:
             return self.model.post_attn(layer, attn, residual)
         from . import triton_ops
 
-        lw = self.model.w.layers[layer]
-        x, h = triton_ops.rms_norm(lw.o(attn), lw.post_norm, self.shape.rms_norm_eps,
+        lw, reduce = self.model.w.layers[layer], self.model.reduce  # reduce: tensor parallel
+        x, h = triton_ops.rms_norm(reduce(lw.o(attn)), lw.post_norm, self.shape.rms_norm_eps,
                                    residual=residual)
-        return h + lw.down(triton_ops.silu_mul(lw.gate_up(x)))
+        return h + reduce(lw.down(triton_ops.silu_mul(lw.gate_up(x))))
 
     def _attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    b: Batch, copies: CopyGroup) -> torch.Tensor:

@@ -202,13 +202,18 @@ class Rope:
 
 
 class Model:
-    """The stages of one model over one set of weights (one device)."""
+    """The stages of one model over one set of weights (one device).
 
-    def __init__(self, shape: ModelShape, weights: ModelWeights) -> None:
+    Under tensor parallelism (`tp`), `shape` and `weights` are one rank's shard and `reduce`
+    sums the output and down projections' partial results over the ranks."""
+
+    def __init__(self, shape: ModelShape, weights: ModelWeights,
+                 reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.shape = shape
         self.w = weights
         self.device = weights.embed.device
         self.rope = Rope(shape, self.device)
+        self.reduce = reduce or (lambda t: t)
 
     @property
     def n_layers(self) -> int:
@@ -239,10 +244,10 @@ class Model:
     ) -> torch.Tensor:
         """attention output [T, n_heads * hd] and the layer's input [T, H] -> next hidden."""
         lw = self.w.layers[layer]
-        h = residual + lw.o(attn_out)
+        h = residual + self.reduce(lw.o(attn_out))
         x = rms_norm(h, lw.post_norm, self.shape.rms_norm_eps)
         gate, up = lw.gate_up(x).chunk(2, dim=-1)
-        return h + lw.down(F.silu(gate) * up)
+        return h + self.reduce(lw.down(F.silu(gate) * up))
 
     def post_layer(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, H] hidden of the rows that sample -> [R, V] fp32 logits."""

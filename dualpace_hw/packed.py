@@ -241,4 +241,4 @@ def pack_model(model: Model, batch_hint: int | None = None, keep_plain: bool = F
                                   down=pk(lw.down)) for lw in w.layers]
     packed = ModelWeights(embed=w.embed, layers=layers, final_norm=w.final_norm,
                           lm_head=pk(w.lm_head))
-    return Model(model.shape, packed)
+    return Model(model.shape, packed, model.reduce)
