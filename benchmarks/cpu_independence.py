@@ -142,7 +142,7 @@ def main() -> None:
                                    "context": args.context, "cpu_cores": str(cores)}
     try:
         def process_step():
-            return engine.step(step, lambda *a: None, lambda: False)[0]
+            return engine.step(step, lambda: False)[0]
 
         out["gpu_rounds_per_s_alone"] = load.rate(3.0)
         out["cpu_process_steps_per_s_alone"] = steps_per_s(process_step, args.steps)
