@@ -124,6 +124,20 @@ def test_gpu_layer_is_the_sum_of_its_parts(cm):
     assert cm.gpu_layer(0, [], 0, 0) == 0.0
 
 
+def test_eager_floor_binds_only_batches_with_prefill_chunks(cm):
+    """Batches with prefill chunks run without CUDA graphs: a layer costs at least the host's
+    launch time. Decode-only batches replay graphs and keep their GPU time."""
+    profile = cm.profile.model_copy(deep=True)
+    floor = 10 * cm.gpu_layer(40, [(8, 8)], 32, 32 * 100)
+    profile.gpu.eager_layer_s = floor
+    eager = CostModel(profile)
+    assert cm.gpu_eager_layer == 0.0
+    assert eager.gpu_layer(40, [(8, 8)], 32, 32 * 100) == floor
+    assert eager.gpu_layer(32, [], 32, 32 * 100) == cm.gpu_layer(32, [], 32, 32 * 100) < floor
+    big = cm.gpu_layer(60_000, [(60_000, 60_000)], 0, 0)
+    assert big > floor and eager.gpu_layer(60_000, [(60_000, 60_000)], 0, 0) == big
+
+
 def test_gpu_forward(cm):
     prefills = [(100, 100)]
     forward = cm.gpu_forward(132, prefills, 32, 32 * 500)
