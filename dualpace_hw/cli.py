@@ -65,6 +65,9 @@ def run(
     out: Annotated[Path, typer.Option(help="directory for results")],
     device: Annotated[str, typer.Option(help="'cuda', or 'cpu' for tests")] = "cuda",
     cpu_cores: Annotated[int | None, typer.Option(help="cores for the CPU engine")] = None,
+    cpu_tp: Annotated[int, typer.Option(
+        min=1, help="CPU tensor-parallel ranks (processes over Gloo, splitting the heads and "
+                    "the cores)")] = 1,
     trace_events: Annotated[Path | None, typer.Option(
         "--trace-events", metavar="FILE",
         help="also write a timeline trace (Chrome/Perfetto JSON, as `dualpace-sim run "
@@ -82,7 +85,7 @@ def run(
         if trace_events is not None and trace_events.is_dir():
             _fail(f"--trace-events {trace_events}: is a directory; give a file such as "
                   f"{trace_events / 'trace.json'}")
-        summaries = run_real(loaded, out, device, cpu_cores, trace_events)
+        summaries = run_real(loaded, out, device, cpu_cores, trace_events, cpu_tp)
     except (ScenarioError, ValueError, EngineFailure) as e:
         _fail(str(e))
     except KeyboardInterrupt:

@@ -17,6 +17,11 @@ engine's thread polls the block at its stage boundaries, sets GPU-Running, runs 
 writes the result back and sets GPU-Done; the worker spins on the block meanwhile (on its own
 cores). No thread hand-off and no pipe on this path.
 
+CPU tensor parallelism (`tp` > 1): the CPU engine is several such processes, one per rank,
+each on its own cores with its shard of the weights (`tp`), joined over Gloo; they share the one
+host pool and each touches only its KV heads, and Dense Assist is rank-sharded: each rank writes
+its heads' columns of the attention output, rank 0 publishes the request.
+
 Shutdown: the worker ignores SIGINT (the parent decides), exits when its pipe closes (the
 parent died) and is a daemon; the parent stops it with ("stop",), then terminate, then kill.
 """
@@ -27,11 +32,13 @@ import contextlib
 import multiprocessing as mp
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs.shapes import ModelShape
@@ -41,6 +48,7 @@ from .kv import PagedKVPool
 from .model import Model, ModelWeights
 from .packed import pack_model
 from .shm import ArenaHandle, SharedArena, TensorRef
+from .tp import all_reduce, shard_shape, shard_weights
 
 
 class WorkerFailed(RuntimeError):
@@ -150,13 +158,20 @@ class WorkerSpec:
     threads: int | None
     cores: tuple[int, ...] | None
     pack: bool
+    rank: int = 0  # CPU tensor parallelism: this rank of `world`, joined over Gloo
+    world: int = 1
+    rendezvous: str | None = None  # a file path for Gloo's rendezvous when world > 1
 
 
 class _RemoteAssist:
-    """The worker's side of Dense Assist (the executor's `assist`), over the control block."""
+    """The worker's side of Dense Assist (the executor's `assist`), over the control block.
 
-    def __init__(self, block: AssistBlock, conn) -> None:
-        self.b, self.conn = block, conn
+    Under CPU tensor parallelism every rank writes its heads' columns of the attention output
+    into the shared buffer; rank 0 also writes the residual (the same on every rank), publishes
+    the request once all ranks have written, and all ranks read the result once it is done."""
+
+    def __init__(self, block: AssistBlock, conn, rank: int = 0, world: int = 1) -> None:
+        self.b, self.conn, self.rank, self.world = block, conn, rank, world
         self.waited_s = 0.0  # in assists, end to end, since the last reset
 
     def _call(self, kind: str, layer: int, attn: torch.Tensor | None,
@@ -164,9 +179,16 @@ class _RemoteAssist:
         start = time.perf_counter()
         n = residual.shape[0]
         if attn is not None:
-            self.b.attn[:n].copy_(attn)
-        self.b.residual[:n].copy_(residual)
-        self.b.request(kind, layer, n, self.conn.poll)  # a message mid-step: stop, or EOF
+            width = attn.shape[1]
+            self.b.attn[:n, self.rank * width:(self.rank + 1) * width].copy_(attn)
+        if self.rank == 0:
+            self.b.residual[:n].copy_(residual)
+        if self.world > 1:
+            dist.barrier()  # every rank's columns are in
+        if self.rank == 0:
+            self.b.request(kind, layer, n, self.conn.poll)  # a message mid-step: stop, or EOF
+        if self.world > 1:
+            dist.barrier()  # the result is in
         self.waited_s += time.perf_counter() - start
         return n
 
@@ -188,14 +210,23 @@ def _worker_main(conn, spec: WorkerSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
         warena, parena = SharedArena.attach(spec.weights_arena), SharedArena.attach(spec.pool_arena)
-        model = Model(spec.shape, spec.weights.map(warena.view))
+        weights, shape, reduce = spec.weights.map(warena.view), spec.shape, None
+        storage = parena.view(spec.pool)
+        if spec.world > 1:  # this rank's heads and MLP columns; its heads of the host pool
+            dist.init_process_group("gloo", init_method=f"file://{spec.rendezvous}",
+                                    rank=spec.rank, world_size=spec.world)
+            weights = shard_weights(weights, shape, spec.rank, spec.world)
+            shape, reduce = shard_shape(shape, spec.world), all_reduce()
+            kvh = shape.n_kv_heads
+            storage = storage[:, :, :, spec.rank * kvh:(spec.rank + 1) * kvh]
+        model = Model(shape, weights, reduce)
         if spec.pack:
             model = pack_model(model)
-        storage = parena.view(spec.pool)
-        pool = PagedKVPool(spec.shape, storage.shape[2], spec.block_size, dtype=storage.dtype,
+        pool = PagedKVPool(shape, storage.shape[2], spec.block_size, dtype=storage.dtype,
                            storage=storage)
         # Spin on the assist block only on cores of our own (the runtime's --cpu-cores).
-        assist = _RemoteAssist(spec.assist.block(parena, 0.002 if spec.cores else 0.0), conn)
+        block = spec.assist.block(parena, 0.002 if spec.cores else 0.0)
+        assist = _RemoteAssist(block, conn, spec.rank, spec.world)
         ex = CpuExecutor(model, pool, tokens=None, assist=assist, threads=spec.threads,
                          cores=spec.cores)
         ex.configure_thread()
@@ -220,9 +251,13 @@ def _worker_main(conn, spec: WorkerSpec) -> None:
 
 
 class CpuEngineProcess:
-    """The parent's handle on the CPU engine's process and the memory it shares with it.
+    """The parent's handle on the CPU engine's process(es) and the memory it shares with them.
 
     `host_pool` is the shared host KV pool (pinned when CUDA is up) for the GPU executor.
+    With `tp` > 1 the CPU engine is `tp` tensor-parallel ranks, each a process on its share of
+    `cores`, joined over Gloo; they share the one host pool, each reading and writing its own
+    KV heads, so migrations need no sharding. Each step goes to every rank; the step takes as
+    long as its slowest rank (rank-critical time) and every rank samples the same tokens.
     """
 
     def __init__(
@@ -237,16 +272,23 @@ class CpuEngineProcess:
         pack: bool = True,
         dtype: torch.dtype = torch.bfloat16,
         start_timeout_s: float = 600.0,
+        tp: int = 1,
     ) -> None:
-        self.proc: mp.Process | None = None
-        self.conn = None
+        self.procs: list[mp.Process] = []
+        self.conns: list = []
         self.cores = tuple(cores) if cores else None
+        self.tp = tp
+        if tp > 1:
+            shard_shape(shape, tp)  # the heads must split: fail here, not in the ranks
+            if self.cores is not None and len(self.cores) < tp:
+                raise ValueError(f"{tp} CPU ranks need at least {tp} cores, got {len(cores)}")
         self._warena = SharedArena(SharedArena.bytes_for(
             [(tuple(t.shape), t.dtype) for t in weights.tensors()]), "dualpace-weights")
         dims = PagedKVPool.dims(shape, host_blocks, block_size)
         self._parena = SharedArena(SharedArena.bytes_for(
             [(dims, dtype)] + AssistBuffers.shapes(shape, max_rows, weights.embed.dtype)),
             "dualpace-host-kv")
+        self._rendezvous = None
         try:
             skeleton = weights.map(self._warena.put)
             storage, pool_ref = self._parena.empty(dims, dtype)
@@ -255,84 +297,115 @@ class CpuEngineProcess:
             assist = AssistBuffers.allocate(self._parena, shape, max_rows, weights.embed.dtype)
             self.assist = assist.block(self._parena)
             self._parena.pin()
-            spec = WorkerSpec(shape, skeleton, self._warena.handle(), self._parena.handle(),
-                              pool_ref, block_size, assist, threads, self.cores, pack)
-            self._start(spec, start_timeout_s)
+            if tp > 1:
+                fd, self._rendezvous = tempfile.mkstemp(prefix="dualpace-gloo-")
+                os.close(fd)
+                os.unlink(self._rendezvous)  # Gloo's file store creates it
+            for rank in range(tp):
+                # contiguous core ranges: on a multi-socket box, a rank stays on one node
+                per = len(self.cores) // tp if self.cores else 0
+                rank_cores = self.cores[rank * per:(rank + 1) * per] if self.cores else None
+                rank_threads = threads or (None if rank_cores or tp == 1
+                                           else max(1, (os.cpu_count() or tp) // tp))
+                spec = WorkerSpec(shape, skeleton, self._warena.handle(), self._parena.handle(),
+                                  pool_ref, block_size, assist, rank_threads, rank_cores, pack,
+                                  rank, tp, self._rendezvous)
+                self._spawn(spec)
+            self.pids = [self._ready(i, start_timeout_s) for i in range(tp)]
+            self.pid = self.pids[0]
         except BaseException:
             self.close()
             raise
 
-    def _start(self, spec: WorkerSpec, timeout_s: float) -> None:
+    def _spawn(self, spec: WorkerSpec) -> None:
         ctx = mp.get_context("spawn")  # never fork a process that has CUDA up
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, spec), daemon=True,
-                                name="dualpace-cpu-engine")
-        self.proc.start()
+        conn, child = ctx.Pipe()
+        proc = ctx.Process(target=_worker_main, args=(child, spec), daemon=True,
+                           name=f"dualpace-cpu-engine-{spec.rank}")
+        proc.start()
         child.close()
+        self.procs.append(proc)
+        self.conns.append(conn)
+
+    def _ready(self, i: int, timeout_s: float) -> int:
         deadline = time.monotonic() + timeout_s
-        while not self.conn.poll(0.1):
-            if not self.proc.is_alive():
-                raise WorkerFailed(self._death())
+        while not self.conns[i].poll(0.1):
+            if not self.procs[i].is_alive():
+                raise WorkerFailed(self._death(i))
             if time.monotonic() > deadline:
                 raise WorkerFailed(f"the CPU engine's process did not start in {timeout_s:.0f} s")
-        msg = self._recv()
+        msg = self._recv(i)
         if msg[0] != "ready":
             raise WorkerFailed(f"the CPU engine's process did not start: {msg}")
-        self.pid = msg[1]
+        return msg[1]
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.is_alive()
+        return any(p.is_alive() for p in self.procs)
 
-    def _death(self) -> str:
-        self.proc.join(1.0)
-        code = self.proc.exitcode
+    def _death(self, i: int) -> str:
+        proc = self.procs[i]
+        proc.join(1.0)
+        code = proc.exitcode
         how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
                else f"exit code {code}")
-        return f"the CPU engine's process (pid {self.proc.pid}) died ({how})"
+        rank = f" rank {i}" if self.tp > 1 else ""
+        return f"the CPU engine's process{rank} (pid {proc.pid}) died ({how})"
 
-    def _recv(self) -> tuple:
+    def _recv(self, i: int) -> tuple:
         try:
-            msg = self.conn.recv()
+            msg = self.conns[i].recv()
         except (EOFError, OSError) as e:
-            raise WorkerFailed(self._death()) from e
+            raise WorkerFailed(self._death(i)) from e
         if msg[0] == "error":
             raise WorkerFailed(f"the CPU engine's process failed: {msg[1]}")
         return msg
 
     def step(self, step: CpuStep, stopped: Callable[[], bool]) -> tuple[dict[int, int], float,
                                                                       float]:
-        """Run one step in the worker (its Dense Assists go through `self.assist`, served by
-        the GPU engine). Returns (tokens, busy_s, assist_s): the step's time in the worker, and
-        the part it waited on its assists."""
-        self.conn.send(("step", step))
-        while not self.conn.poll(0.05):
-            if stopped():
-                raise WorkerFailed("stopped in the middle of a CPU step")
-            if not self.proc.is_alive():
-                raise WorkerFailed(self._death())
-        _, tokens, busy_s, assist_s = self._recv()
+        """Run one step on every rank (Dense Assists go through `self.assist`, served by the
+        GPU engine). Returns (tokens, busy_s, assist_s): the step's time on its slowest rank,
+        and the part that rank waited on its assists."""
+        for conn in self.conns:
+            conn.send(("step", step))
+        results = []
+        for i, conn in enumerate(self.conns):
+            while not conn.poll(0.05):
+                if stopped():
+                    raise WorkerFailed("stopped in the middle of a CPU step")
+                dead = next((j for j, p in enumerate(self.procs) if not p.is_alive()), None)
+                if dead is not None:
+                    raise WorkerFailed(self._death(dead))
+            results.append(self._recv(i)[1:])
+        tokens = results[0][0]
+        if any(r[0] != tokens for r in results[1:]):
+            raise WorkerFailed("the CPU engine's ranks sampled different tokens")
+        _, busy_s, assist_s = max(results, key=lambda r: r[1])
         return tokens, busy_s, assist_s
 
     def close(self) -> None:
-        """Stop the worker (politely, then not) and release the shared memory. Idempotent."""
-        if self.proc is not None:
-            if hasattr(self, "assist"):
-                self.assist.stop()  # a worker spinning on an assist lets go
-            if self.proc.is_alive():
+        """Stop the workers (politely, then not) and release the shared memory. Idempotent."""
+        if self.procs and hasattr(self, "assist"):
+            self.assist.stop()  # a worker spinning on an assist lets go
+        for proc, conn in zip(self.procs, self.conns, strict=True):
+            if proc.is_alive():
                 with contextlib.suppress(OSError, ValueError):
-                    self.conn.send(("stop",))
-                self.proc.join(5.0)
-            if self.proc.is_alive():
-                self.proc.terminate()
-                self.proc.join(2.0)
-            if self.proc.is_alive():
-                self.proc.kill()
-                self.proc.join()
-            self.proc = None
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+                    conn.send(("stop",))
+        for proc in self.procs:
+            proc.join(5.0)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for conn in self.conns:
+            conn.close()
+        self.procs, self.conns = [], []
+        if self._rendezvous is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._rendezvous)
+            self._rendezvous = None
         for arena in ("_warena", "_parena"):
             if hasattr(self, arena):
                 getattr(self, arena).close()

@@ -28,23 +28,27 @@ REAL_POLICIES = ("dualpace", "vllm")
 
 
 def build_runtime(loaded: LoadedScenario, policy: str, device: str, cpu_cores: int | None,
-                  seed: int = 0):
+                  seed: int = 0, cpu_tp: int = 1, dtype: torch.dtype = torch.bfloat16):
     """Models with identical weights on the GPU and the CPU, pools sized like the scenario's.
-    For DualPace this starts the CPU engine's process; the runtime stops it when it is done."""
+    For DualPace this starts the CPU engine's process; the runtime stops it when it is done.
+    `dtype` is the weights' and the KV pools' (float32 lets tests compare tokens exactly)."""
     shape, config = loaded.profile.model, loaded.policy_config(policy)
-    weights = ModelWeights.random(shape, seed=seed, device=device)
+    weights = ModelWeights.random(shape, seed=seed, device=device, dtype=dtype)
     gpu_model = Model(shape, weights)
-    gpu_pool = PagedKVPool(shape, config.gpu_kv_blocks, config.block_size, device=device)
+    gpu_pool = PagedKVPool(shape, config.gpu_kv_blocks, config.block_size, device=device,
+                           dtype=dtype)
     if policy == "vllm":
         return VllmRuntime(loaded.requests, config, gpu_model, gpu_pool)
     cores = list(range(cpu_cores)) if cpu_cores else None
     cpu_engine = CpuEngineProcess(weights, shape, config.host_kv_blocks, config.block_size,
-                                  max_rows=config.largest_cpu_batch, cores=cores)
+                                  max_rows=config.largest_cpu_batch, cores=cores, tp=cpu_tp,
+                                  dtype=dtype)
     return DualPaceRuntime(loaded.requests, config, gpu_model, gpu_pool, cpu_engine)
 
 
 def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
-             cpu_cores: int | None = None, trace_events: Path | None = None) -> list[dict]:
+             cpu_cores: int | None = None, trace_events: Path | None = None,
+             cpu_tp: int = 1) -> list[dict]:
     """Run every policy the runtime has for real; write results after each one (and the
     timeline trace, one process per policy, when `trace_events` names a file)."""
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -57,11 +61,12 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
         if policy not in REAL_POLICIES:
             print(f"{policy}: simulated only (the real runtime runs {', '.join(REAL_POLICIES)})")
             continue
-        runtime = build_runtime(loaded, policy, device, cpu_cores)
+        runtime = build_runtime(loaded, policy, device, cpu_cores, cpu_tp=cpu_tp)
         if policy == "dualpace":
             engine = runtime.cpu_engine
+            ranks = f" ({engine.tp} tensor-parallel ranks: {engine.pids})" if engine.tp > 1 else ""
             print(f"dualpace: CPU engine process {engine.pid} on "
-                  f"{'cores ' + str(list(engine.cores)) if engine.cores else 'all cores'}",
+                  f"{'cores ' + str(list(engine.cores)) if engine.cores else 'all cores'}{ranks}",
                   flush=True)
         if trace_events is not None:
             runtime.trace = TraceRecorder(f"{loaded.spec.name}: {policy} (real)")

@@ -57,13 +57,12 @@ def reference_tokens(model: Model, prompt: list[int], n: int) -> list[int]:
     return ids[len(prompt):]
 
 
-@pytest.mark.parametrize("route", [(0, 0), (8, 4), (2, 1)],
-                         ids=["fused-assist", "full-cpu", "split-final"])
-def test_dualpace_runtime_serves_every_request_with_the_reference_tokens(tmp_path, route):
-    loaded = load_scenario(scenario(tmp_path, ["dualpace"], route_p=route[0], route_f=route[1]))
-    runtime = build_runtime(loaded, "dualpace", "cpu", None)
+def serve_and_check_reference(loaded, runtime, assists: bool,
+                              dtype: torch.dtype = torch.bfloat16) -> None:
+    """Every request gets exactly the greedy tokens of a dense forward, some from the CPU."""
     requests = runtime.serve()
-    model = Model(loaded.profile.model, ModelWeights.random(loaded.profile.model, seed=0))
+    model = Model(loaded.profile.model,
+                  ModelWeights.random(loaded.profile.model, seed=0, dtype=dtype))
     owners = b""
     for r in requests:
         ids = runtime.tokens.ids(r.req_id)
@@ -72,10 +71,29 @@ def test_dualpace_runtime_serves_every_request_with_the_reference_tokens(tmp_pat
                                                          r.max_tokens), r.req_id
         owners += bytes(r.token_owners)
     assert Owner.CPU in owners, "the CPU engine decoded some tokens"
-    if route != (8, 4):
+    if assists:
         assert runtime.stats.assist_calls > 0
     runtime.state.check_invariants()
     assert runtime.state.hbm.used == runtime.state.host.used == 0
+
+
+@pytest.mark.parametrize("route", [(0, 0), (8, 4), (2, 1)],
+                         ids=["fused-assist", "full-cpu", "split-final"])
+def test_dualpace_runtime_serves_every_request_with_the_reference_tokens(tmp_path, route):
+    loaded = load_scenario(scenario(tmp_path, ["dualpace"], route_p=route[0], route_f=route[1]))
+    serve_and_check_reference(loaded, build_runtime(loaded, "dualpace", "cpu", None),
+                              assists=route != (8, 4))
+
+
+@pytest.mark.parametrize("route", [(0, 0), (8, 4)], ids=["fused-assist", "full-cpu"])
+def test_two_tensor_parallel_cpu_ranks_serve_the_reference_tokens(tmp_path, route):
+    """The CPU engine as two Gloo ranks (heads split, one shared host pool, rank-sharded Dense
+    Assist): the same tokens as one dense model (in float32: split sums round differently)."""
+    loaded = load_scenario(scenario(tmp_path, ["dualpace"], route_p=route[0], route_f=route[1]))
+    runtime = build_runtime(loaded, "dualpace", "cpu", None, cpu_tp=2, dtype=torch.float32)
+    assert len(runtime.cpu_engine.pids) == 2
+    serve_and_check_reference(loaded, runtime, assists=route != (8, 4), dtype=torch.float32)
+    assert not runtime.cpu_engine.alive
 
 
 def test_run_command_writes_what_the_simulator_writes(tmp_path):
