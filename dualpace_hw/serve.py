@@ -77,7 +77,7 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
         frames[policy] = frame
         summaries.append({
             "scenario": loaded.spec.name, "policy": policy, "rate": loaded.spec.workload.rate,
-            **summarize(frame), "real": True, "device": device,
+            **summarize(frame), "real": True, "device": device, "cpu_tp": cpu_tp,
             "engine": asdict(runtime.stats),
         })
         write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet")

@@ -143,6 +143,11 @@ def check_against_scenario(real: RealRun, loaded: LoadedScenario) -> list[str]:
             raise ValidateError(f"{real.path}: {policy} ran at {real_rate:g} req/s but {scenario} "
                                 f"offers {rate:g} req/s; validate against the scenario the run "
                                 f"used")
+        ranks, profiled = summary.get("cpu_tp"), loaded.profile.box.cpu_tensor_parallel
+        if policy == "dualpace" and isinstance(ranks, int) and ranks != profiled:
+            notes.append(f"note: {real.path} ran the CPU engine as {ranks} tensor-parallel "
+                         f"rank(s), the profile describes {profiled}; its CPU costs are another "
+                         f"engine's (profile the box with the same split)")
         name = summary.get("scenario")
         if isinstance(name, str) and name != spec.name:
             notes.append(f"note: {real.path} is named {name!r}, the scenario {spec.name!r}")

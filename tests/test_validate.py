@@ -216,3 +216,17 @@ def test_format_table_is_aligned():
     assert lines[2].endswith("+50.0%") and lines[4].endswith("n/a")
     ends = {len(line) for line in lines[2:]}
     assert len(ends) == 1  # numbers right-aligned to the same column
+
+
+def test_a_cpu_split_other_than_the_profiles_is_a_note(real_run):
+    """A real run with the CPU engine as 2 tensor-parallel ranks, checked against a profile of
+    one: its CPU costs are another engine's, and validate says so."""
+    scenario, real = real_run
+    summary = json.loads((real / "summary.json").read_text())
+    for s in summary:
+        s["cpu_tp"] = 2
+    (real / "summary.json").write_text(json.dumps(summary))
+    result = validate(real, scenario)
+    tp_notes = [n for n in result.notes if "tensor-parallel" in n]
+    assert len(tp_notes) == 1
+    assert "2 tensor-parallel rank(s), the profile describes 1" in tp_notes[0]

@@ -142,6 +142,8 @@ class Box(StrictModel):
     tensor_parallel: PositiveInt = Field(1, description="GPU tensor-parallel degree")
     cpu: str = Field(description="CPU model")
     cpu_cores: PositiveInt = Field(description="CPU cores the CPU engine uses")
+    cpu_tensor_parallel: PositiveInt = Field(
+        1, description="CPU tensor-parallel ranks of the CPU engine (its cores split among them)")
 
 
 class GpuCosts(StrictModel):

@@ -469,6 +469,7 @@ def synthesize(
             "tensor_parallel": n,
             "cpu": spec.cpu.name,
             "cpu_cores": spec.cpu.cores * spec.cpu.tensor_parallel,
+            "cpu_tensor_parallel": spec.cpu.tensor_parallel,
         },
         "block_size": block_size,
         "gpu": _gpu_section(spec, gpu, gpu_blocks),
