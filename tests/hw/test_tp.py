@@ -1,5 +1,7 @@
-"""Tensor parallelism on CPU ranks over Gloo: two processes, each with its shard of the weights
-and of the KV pool (heads split), decode exactly the tokens of one process with the whole model."""
+"""Tensor parallelism over Gloo: two processes, each with its shard of the weights and of the KV
+pool (heads split), decode exactly the tokens of one process with the whole model, through the
+CPU executor's path and through the GPU executor's (run on the CPU device here; on GPUs the same
+code runs over NCCL)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,12 @@ import torch
 import torch.distributed as dist
 
 from dualpace_hw.cpu_executor import CpuExecutor, CpuStep
+from dualpace_hw.gpu_executor import GpuExecutor
 from dualpace_hw.kv import PagedKVPool
 from dualpace_hw.model import Model, ModelWeights
+from dualpace_hw.tokens import TokenStore
 from dualpace_hw.tp import all_reduce, shard_shape, shard_weights
+from dualpace_sim.core import GpuPlan, PrefillChunk, Request
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs.shapes import ModelShape
 
@@ -44,11 +49,39 @@ def decode(name: str, rank: int, world: int) -> list[list[int]]:
     return [row[len(p):] for row, p in zip(ids, PROMPTS, strict=True)]
 
 
+def decode_on_the_gpu_executor(name: str, rank: int, world: int) -> list[list[int]]:
+    """The same greedy decoding through the GPU executor's path (on the CPU device here): one
+    batched prefill of both prompts, then decode rounds."""
+    shape = ModelShape.from_name(name)
+    full = ModelWeights.random(shape, seed=11, dtype=torch.float32)
+    local = shard_shape(shape, world)
+    model = Model(local, shard_weights(full, shape, rank, world),
+                  all_reduce() if world > 1 else None)
+    per = -(-(len(PROMPTS[0]) + NEW_TOKENS) // BS)
+    tokens = TokenStore()
+    ex = GpuExecutor(model, PagedKVPool(local, per * len(PROMPTS), BS, dtype=torch.float32),
+                     tokens)
+    reqs = []
+    for i, prompt in enumerate(PROMPTS):
+        r = Request.create(i, 0.0, len(prompt), NEW_TOKENS, BS)
+        r.blocks = list(range(i * per, (i + 1) * per))
+        tokens.add(i, list(prompt))
+        reqs.append(r)
+    plan = GpuPlan(prefills=[PrefillChunk(r, 0, r.prompt_tokens, False, True) for r in reqs])
+    for _ in range(NEW_TOKENS):
+        for req_id, tok in ex.execute(plan).items():
+            tokens.append(req_id, tok)
+            reqs[req_id].token_times.append(0.0)
+        plan = GpuPlan(decodes=reqs)
+    return [tokens.generated(r.req_id) for r in reqs]
+
+
 def _rank_main(name: str, rank: int, world: int, init: str, results) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         torch.set_num_threads(1)
-        results.put((rank, decode(name, rank, world)))
+        results.put((rank, decode(name, rank, world),
+                     decode_on_the_gpu_executor(name, rank, world)))
     finally:
         dist.destroy_process_group()
 
@@ -61,13 +94,14 @@ def test_two_cpu_ranks_over_gloo_decode_the_tokens_of_one(tmp_path, name):
     procs = [ctx.Process(target=_rank_main, args=(name, r, 2, init, results)) for r in range(2)]
     for p in procs:
         p.start()
-    got = dict(results.get(timeout=120) for _ in procs)
+    got = {rank: (cpu, gpu) for rank, cpu, gpu in (results.get(timeout=120) for _ in procs)}
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
     whole = decode(name, 0, 1)
     assert len(whole[0]) == NEW_TOKENS
-    assert got[0] == got[1] == whole
+    assert got[0][0] == got[1][0] == whole  # the CPU executor's path
+    assert got[0][1] == got[1][1] == decode_on_the_gpu_executor(name, 0, 1) == whole
 
 
 def test_shards_must_divide_the_heads():
