@@ -30,6 +30,9 @@ def profile(
     box: Annotated[str, typer.Option(help="box name recorded in the profile")] = "this-box",
     quick: Annotated[bool, typer.Option(help="tiny grids and few repeats (tests)")] = False,
     cpu_cores: Annotated[int | None, typer.Option(help="CPU threads (and cores) to use")] = None,
+    cpu_tp: Annotated[int, typer.Option(
+        min=1, help="CPU tensor-parallel ranks: the sharded CPU stages are timed on this many "
+                    "Gloo ranks at once, each on its share of the cores (rank-critical)")] = 1,
     gpu_kv_gib: Annotated[float | None, typer.Option(help="GPU KV budget")] = None,
     host_kv_gib: Annotated[float | None, typer.Option(help="host KV budget")] = None,
     gpu_device: Annotated[str, typer.Option(help="'cuda', or 'cpu' for tests")] = "cuda",
@@ -47,7 +50,8 @@ def profile(
     except (ValueError, OSError, KeyError) as e:
         _fail(f"--model {model}: {e}")
     opt = Options(shape=shape, out=out, box_name=box, quick=quick, gpu_device=gpu_device,
-                  cpu_cores=cpu_cores, gpu_kv_gib=gpu_kv_gib, host_kv_gib=host_kv_gib,
+                  cpu_cores=cpu_cores, cpu_tp=cpu_tp, gpu_kv_gib=gpu_kv_gib,
+                  host_kv_gib=host_kv_gib,
                   command=_command_line(locals()), progress=not quiet)
     try:
         result = run_profile(opt)
@@ -102,7 +106,8 @@ def run(
 def _command_line(params: dict) -> str:
     """The profile command as a user would retype it, for the profile's provenance."""
     words = ["dualpace-hw", "profile"]
-    for name in ("model", "out", "box", "cpu_cores", "gpu_kv_gib", "host_kv_gib", "gpu_device"):
+    for name in ("model", "out", "box", "cpu_cores", "cpu_tp", "gpu_kv_gib", "host_kv_gib",
+                 "gpu_device"):
         if params[name] is not None:
             words += [f"--{name.replace('_', '-')}", str(params[name])]
     return shlex.join(words + (["--quick"] if params["quick"] else []))

@@ -123,27 +123,7 @@ class Measurer:
 
     def _decode(self, kernel, timer: Timer, pool: PagedKVPool, device, batch: int,
                 total: int) -> float:
-        """Paged decode attention of `batch` requests over `total` context tokens, each with
-        its own blocks. Beyond the per-request cap the time is extended along the line through
-        the cap and half the cap (attention is affine in the context it reads)."""
-        per = max(1, total // batch)
-        cap = self.grids.max_request_context
-        if per <= cap:
-            return self._decode_at(kernel, timer, pool, device, batch, per)
-        at_cap = self._decode_at(kernel, timer, pool, device, batch, cap)
-        at_half = self._decode_at(kernel, timer, pool, device, batch, cap // 2)
-        slope = max(at_cap - at_half, 0.0) / (cap - cap // 2)
-        return at_cap + slope * (per - cap)
-
-    def _decode_at(self, kernel, timer: Timer, pool: PagedKVPool, device, batch: int,
-                   context: int) -> float:
-        s = self.shape
-        nb = -(-context // self.bs)
-        tables = torch.arange(batch * nb, dtype=torch.int32, device=device).view(batch, nb)
-        lens = torch.full((batch,), context, dtype=torch.int32, device=device)
-        q = torch.randn(batch, s.n_heads, s.head_dim, dtype=torch.bfloat16, device=device)
-        kc, vc = pool.layer(0)
-        return timer.graphed(lambda: kernel(q, kc, vc, tables, lens))
+        return decode_time(self.shape, self.grids, kernel, timer, pool, device, batch, total)
 
     def gpu_decode_attn(self, batch: int, total: int) -> float:
         return self._decode(self.gpu_decode, self.gpu_t, self.gpu_pool, self.gpu_device, batch,
@@ -290,3 +270,28 @@ class Measurer:
     def neo_launch_s(self) -> float:
         """NEO's lnch_T: the fixed cost of one CPU attention call (a one-token batch)."""
         return self.cpu_decode_attn(1, 1)
+
+
+def decode_time(shape: ModelShape, grids: Grids, kernel, timer: Timer, pool: PagedKVPool,
+                device, batch: int, total: int) -> float:
+    """Paged decode attention of `batch` requests over `total` context tokens, each with its
+    own blocks. Beyond the per-request cap the time is extended along the line through the cap
+    and half the cap (attention is affine in the context it reads)."""
+    per = max(1, total // batch)
+    cap = grids.max_request_context
+    if per <= cap:
+        return _decode_at(shape, kernel, timer, pool, device, batch, per)
+    at_cap = _decode_at(shape, kernel, timer, pool, device, batch, cap)
+    at_half = _decode_at(shape, kernel, timer, pool, device, batch, cap // 2)
+    slope = max(at_cap - at_half, 0.0) / (cap - cap // 2)
+    return at_cap + slope * (per - cap)
+
+
+def _decode_at(shape: ModelShape, kernel, timer: Timer, pool: PagedKVPool, device, batch: int,
+               context: int) -> float:
+    nb = -(-context // pool.block_size)
+    tables = torch.arange(batch * nb, dtype=torch.int32, device=device).view(batch, nb)
+    lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+    q = torch.randn(batch, shape.n_heads, shape.head_dim, dtype=torch.bfloat16, device=device)
+    kc, vc = pool.layer(0)
+    return timer.graphed(lambda: kernel(q, kc, vc, tables, lens))

@@ -3,6 +3,7 @@ profile-guided fits and their plots."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -20,6 +21,7 @@ from dualpace_sim.costs.shapes import ModelShape
 from .. import hostinfo as box
 from .grids import Grids
 from .measure import Measurer
+from .ranks import SHARDED_STAGES, CpuRanks
 from .timing import Protocol, Timer
 
 GIB = 2**30
@@ -39,6 +41,7 @@ class Options:
     quick: bool = False
     gpu_device: str = "cuda"
     cpu_cores: int | None = None
+    cpu_tp: int = 1  # CPU tensor-parallel ranks: sharded CPU stages timed rank-critically
     gpu_kv_gib: float | None = None
     host_kv_gib: float | None = None
     block_size: int = 16
@@ -123,14 +126,27 @@ def run_profile(opt: Options) -> Profile:
     m = Measurer(opt.shape, gpu_device, Timer(gpu_device, protocol),
                  Timer(torch.device("cpu"), protocol), grids, opt.block_size, opt.seed)
     meta = {"model": opt.shape.name, "quick": opt.quick, "device": str(gpu_device),
-            "threads": threads, "block_size": opt.block_size, "grids": asdict(grids)}
+            "threads": threads, "cpu_tp": opt.cpu_tp, "block_size": opt.block_size,
+            "grids": asdict(grids)}
     opt.out.parent.mkdir(parents=True, exist_ok=True)
     ckpt = Checkpoint(opt.out.with_suffix(".partial.json"), meta)
     tables = _tables(m, grids)
+    ranks = None
+    if opt.cpu_tp > 1:
+        try:
+            ranks = CpuRanks(opt.shape, opt.seed, opt.block_size, m.cpu_pool.n_blocks, grids,
+                             protocol, opt.cpu_tp, sorted(os.sched_getaffinity(0))[:threads])
+        except ValueError as e:
+            raise ProfileRunError(f"--cpu-tp {opt.cpu_tp}: {e}") from None
+        tables = [(name, xs, ys, (lambda *a, n=name: ranks.measure(n, *a))
+                   if name in SHARDED_STAGES else f) for name, xs, ys, f in tables]
     n_points = sum(len(x) * (len(y) if y else 1) for _, x, y, _ in tables)
     n_points += 6 * len(grids.cpu_batches) + 6
     values: dict[str, dict] = {}
-    with tqdm(total=n_points, disable=not opt.progress, unit="pt") as bar:
+    with contextlib.ExitStack() as stack, tqdm(total=n_points, disable=not opt.progress,
+                                               unit="pt") as bar:
+        if ranks is not None:
+            stack.callback(ranks.close)
         def point(key: str, measure: Callable[[], float]) -> float:
             bar.set_description(key.split("|")[0])
             v = ckpt.get(key, measure)
@@ -219,7 +235,8 @@ def _assemble(opt: Options, m: Measurer, v: dict, waits: dict, link: dict, poll:
         "provenance": prov,
         "model": asdict(opt.shape),
         "box": {"name": opt.box_name, "gpu": prov["gpu_model"], "gpu_count": 1,
-                "tensor_parallel": 1, "cpu": prov["cpu_model"], "cpu_cores": threads},
+                "tensor_parallel": 1, "cpu": prov["cpu_model"], "cpu_cores": threads,
+                "cpu_tensor_parallel": opt.cpu_tp},
         "block_size": opt.block_size,
         "gpu": {k.split(".", 1)[1]: t for k, t in v.items() if k.startswith("gpu.")}
         | {"iteration_overhead_s": overhead, "eager_layer_s": eager,

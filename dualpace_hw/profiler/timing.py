@@ -26,10 +26,14 @@ class Protocol:
 class Timer:
     """Times a callable on one device: CUDA events on a GPU, wall clock on the CPU."""
 
-    def __init__(self, device: torch.device, protocol: Protocol) -> None:
+    def __init__(self, device: torch.device, protocol: Protocol,
+                 agree: Callable[[float], float] | None = None) -> None:
+        """agree: how tensor-parallel ranks settle on one first estimate (and so on the same
+        invocation count: a stage with an all-reduce must be called as often on every rank)."""
         self.device = device
         self.p = protocol
         self.cuda = device.type == "cuda"
+        self.agree = agree or (lambda estimate: estimate)
 
     def sync(self) -> None:
         if self.cuda:
@@ -63,7 +67,7 @@ class Timer:
         start = time.perf_counter()
         fn()
         self.sync()
-        estimate = max(time.perf_counter() - start, 1e-7)
+        estimate = self.agree(max(time.perf_counter() - start, 1e-7))
         n = max(1, min(p.invocations, int(p.max_repeat_s / estimate)))
         samples = []
         for _ in range(p.repeats):

@@ -103,3 +103,37 @@ def load_profile_shape():
     from dualpace_sim.costs.shapes import ModelShape
 
     return ModelShape.from_name("tiny-llama")
+
+
+def test_cpu_tensor_parallel_profile_times_the_sharded_stages_on_the_ranks(tmp_path,
+                                                                            monkeypatch):
+    """`--cpu-tp 2`: the sharded CPU stages are measured by two Gloo ranks (one core each) and
+    the profile says so; the stages that stay whole are measured as before."""
+    from dualpace_hw.profiler import ranks as ranks_module
+
+    seen: list[tuple] = []
+    measure = ranks_module.CpuRanks.measure
+
+    def recorded(self, stage, *args):
+        seen.append((stage, args))
+        return measure(self, stage, *args)
+
+    monkeypatch.setattr(ranks_module.CpuRanks, "measure", recorded)
+    out = tmp_path / "tiny-llama-tp2.yaml"
+    result = CliRunner().invoke(hw_app, [
+        "profile", "--model", "tiny-llama", "--out", str(out), "--quick", "--gpu-device", "cpu",
+        "--box", "ci-box", "--cpu-cores", "2", "--cpu-tp", "2", "--quiet"])
+    assert result.exit_code == 0, result.output
+    profile = load_profile(out)
+    assert profile.box.cpu_tensor_parallel == 2 and "--cpu-tp 2" in profile.provenance.command
+    assert {stage for stage, _ in seen} == {"cpu.pre_attn", "cpu.post_attn", "cpu.decode_attn"}
+    assert min(profile.cpu.post_attn.y) > 0 and min(profile.cpu.pre_layer.y) > 0
+    check_magnitudes(profile, str(out))
+
+
+def test_cpu_tensor_parallel_needs_a_core_per_rank(tmp_path):
+    result = CliRunner().invoke(hw_app, [
+        "profile", "--model", "tiny-llama", "--out", str(tmp_path / "p.yaml"), "--quick",
+        "--gpu-device", "cpu", "--cpu-cores", "1", "--cpu-tp", "2", "--quiet"])
+    assert result.exit_code == 2
+    assert "--cpu-tp 2: 2 CPU ranks need at least 2 cores, got 1" in result.output
