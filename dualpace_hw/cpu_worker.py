@@ -205,6 +205,20 @@ class _RemoteAssist:
         return self.b.tokens[:n].tolist()
 
 
+def _release_repacked(arena: SharedArena, refs: ModelWeights, model: Model,
+                      sharded: bool) -> None:
+    """Give back the shared pages of every projection this process no longer reads: those it
+    repacked for oneDNN (the plain copy was dropped) or, under tensor parallelism, copied
+    into its shard. Where packing fell back to the plain weight, the weight stays."""
+    for lw_ref, lw in zip(refs.layers, model.w.layers, strict=True):
+        for name in ("qkv", "o", "gate_up", "down"):
+            if sharded or getattr(getattr(lw, name), "is_packed", False):
+                arena.release(getattr(lw_ref, name).weight)
+    tied = refs.lm_head.weight is refs.embed  # the embedding is still read
+    if not tied and getattr(model.w.lm_head, "is_packed", False):
+        arena.release(refs.lm_head.weight)
+
+
 def _worker_main(conn, spec: WorkerSpec) -> None:
     """The CPU engine process: build the executor over shared memory, then serve steps."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -222,6 +236,8 @@ def _worker_main(conn, spec: WorkerSpec) -> None:
         model = Model(shape, weights, reduce)
         if spec.pack:
             model = pack_model(model)
+        del weights
+        _release_repacked(warena, spec.weights, model, sharded=spec.world > 1)
         pool = PagedKVPool(shape, storage.shape[2], spec.block_size, dtype=storage.dtype,
                            storage=storage)
         # Spin on the assist block only on cores of our own (the runtime's --cpu-cores).

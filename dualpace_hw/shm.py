@@ -17,6 +17,7 @@ A child process attaches through `/proc/<owner pid>/fd/<fd>`, valid while the ow
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import mmap
 import os
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ class ArenaHandle:
 
 
 _ALIGN = 4096
+_PUNCH_HOLE, _KEEP_SIZE = 0x02, 0x01  # fallocate(2) modes, from linux/falloc.h
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class SharedArena:
@@ -106,6 +109,24 @@ class SharedArena:
             raise ValueError(f"{ref} lies outside the {self.size}-byte arena")
         raw = self._base[ref.offset: ref.offset + nbytes]
         return raw.view(ref.dtype).view(ref.shape)
+
+    def release(self, ref: TensorRef) -> None:
+        """Give a tensor's pages back to the OS (every process's view of them reads zeros
+        after): the CPU engine releases the plain projection weights it has repacked, so the
+        host holds one copy of the weights, not two (Qwen3-32B is 64 GB)."""
+        nbytes = torch.Size(ref.shape).numel() * torch.empty((), dtype=ref.dtype).element_size()
+        length = nbytes // _ALIGN * _ALIGN  # whole pages only; allocations start on a page
+        if length == 0:
+            return
+        if _libc.fallocate(self._fd, _PUNCH_HOLE | _KEEP_SIZE, ctypes.c_long(ref.offset),
+                           ctypes.c_long(length)) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"releasing {length} bytes of the shared arena: "
+                               f"{os.strerror(err)}")
+
+    def allocated_bytes(self) -> int:
+        """Bytes of the arena backed by memory now (what `release` gave back is not)."""
+        return os.fstat(self._fd).st_blocks * 512
 
     def pin(self) -> None:
         """Page-lock the arena for CUDA DMA (the owner process, once CUDA is up)."""

@@ -1,0 +1,32 @@
+"""The CPU engine's process: what it shares with the parent, and what it gives back."""
+
+from __future__ import annotations
+
+import torch
+
+from dualpace_hw.cpu_executor import CpuStep
+from dualpace_hw.cpu_worker import CpuEngineProcess
+from dualpace_hw.model import ModelWeights
+from dualpace_sim.core.routing import Route
+from dualpace_sim.costs.shapes import ModelShape
+
+SHAPE = ModelShape(name="small-llama", n_layers=2, hidden_size=256, n_heads=4, n_kv_heads=2,
+                   head_dim=64, intermediate_size=1024, vocab_size=512)
+
+
+def test_the_cpu_engine_keeps_one_copy_of_the_weights_in_host_memory():
+    """Once the CPU engine has repacked the projections, their shared plain copy is given back
+    to the OS (a 32B model would not fit twice); the engine still decodes."""
+    weights = ModelWeights.random(SHAPE, seed=4, dtype=torch.float32)
+    total = sum(t.numel() * t.element_size() for t in weights.tensors())
+    projections = sum(d.weight.numel() * d.weight.element_size()
+                      for lw in weights.layers for d in (lw.qkv, lw.o, lw.gate_up, lw.down))
+    engine = CpuEngineProcess(weights, SHAPE, host_blocks=8, block_size=16, max_rows=2, threads=1,
+                              dtype=torch.float32)
+    try:
+        kept = engine._warena.allocated_bytes()
+        assert kept <= total - projections + 64 * 4096, (kept, total, projections)
+        tokens, busy, _ = engine.step(CpuStep(Route.FULL_CPU, [0], [3], [0], [[1]]), lambda: False)
+        assert set(tokens) == {0} and busy > 0
+    finally:
+        engine.close()
