@@ -237,6 +237,8 @@ def _worker_main(conn, spec: WorkerSpec) -> None:
         if spec.pack:
             model = pack_model(model)
         del weights
+        if spec.world > 1:
+            dist.barrier()  # every rank has copied its shard out of the shared weights
         _release_repacked(warena, spec.weights, model, sharded=spec.world > 1)
         pool = PagedKVPool(shape, storage.shape[2], spec.block_size, dtype=storage.dtype,
                            storage=storage)
