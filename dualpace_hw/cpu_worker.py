@@ -45,7 +45,7 @@ from dualpace_sim.costs.shapes import ModelShape
 
 from .cpu_executor import CpuExecutor, CpuStep
 from .kv import PagedKVPool
-from .model import Model, ModelWeights
+from .model import LayerWeights, Model, ModelWeights
 from .packed import pack_model
 from .shm import ArenaHandle, SharedArena, TensorRef
 from .tp import all_reduce, shard_shape, shard_weights
@@ -205,20 +205,6 @@ class _RemoteAssist:
         return self.b.tokens[:n].tolist()
 
 
-def _release_repacked(arena: SharedArena, refs: ModelWeights, model: Model,
-                      sharded: bool) -> None:
-    """Give back the shared pages of every projection this process no longer reads: those it
-    repacked for oneDNN (the plain copy was dropped) or, under tensor parallelism, copied
-    into its shard. Where packing fell back to the plain weight, the weight stays."""
-    for lw_ref, lw in zip(refs.layers, model.w.layers, strict=True):
-        for name in ("qkv", "o", "gate_up", "down"):
-            if sharded or getattr(getattr(lw, name), "is_packed", False):
-                arena.release(getattr(lw_ref, name).weight)
-    tied = refs.lm_head.weight is refs.embed  # the embedding is still read
-    if not tied and getattr(model.w.lm_head, "is_packed", False):
-        arena.release(refs.lm_head.weight)
-
-
 def _worker_main(conn, spec: WorkerSpec) -> None:
     """The CPU engine process: build the executor over shared memory, then serve steps."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -234,12 +220,27 @@ def _worker_main(conn, spec: WorkerSpec) -> None:
             kvh = shape.n_kv_heads
             storage = storage[:, :, :, spec.rank * kvh:(spec.rank + 1) * kvh]
         model = Model(shape, weights, reduce)
-        if spec.pack:
-            model = pack_model(model)
         del weights
         if spec.world > 1:
             dist.barrier()  # every rank has copied its shard out of the shared weights
-        _release_repacked(warena, spec.weights, model, sharded=spec.world > 1)
+        sharded = spec.world > 1
+
+        def release(i: int, packed: LayerWeights) -> None:
+            """Give back a layer's shared projections once this process has its own copy."""
+            for name in ("qkv", "o", "gate_up", "down"):
+                if sharded or getattr(getattr(packed, name), "is_packed", False):
+                    warena.release(getattr(spec.weights.layers[i], name).weight)
+
+        if spec.pack:
+            model = pack_model(model, on_layer=release)
+        elif sharded:
+            for i, lw in enumerate(model.w.layers):
+                release(i, lw)
+        head = spec.weights.lm_head.weight
+        if head is not spec.weights.embed and getattr(model.w.lm_head, "is_packed", False):
+            if sharded:
+                dist.barrier()  # the head is replicated: every rank has packed it from here
+            warena.release(head)  # an untied LM head, repacked
         pool = PagedKVPool(shape, storage.shape[2], spec.block_size, dtype=storage.dtype,
                            storage=storage)
         # Spin on the assist block only on cores of our own (the runtime's --cpu-cores).

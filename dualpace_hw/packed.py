@@ -25,12 +25,13 @@ import dataclasses
 import logging
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from .model import Dense, Model, ModelWeights
+from .model import Dense, LayerWeights, Model, ModelWeights
 
 log = logging.getLogger("dualpace_hw.packed")
 _warned: set[str] = set()
@@ -229,16 +230,24 @@ def pack_dense(d: Dense, batch_hint: int | None = None, keep_plain: bool = False
 
 
 def pack_model(model: Model, batch_hint: int | None = None, keep_plain: bool = False,
-               max_rows: int | None = None) -> Model:
-    """A CPU model whose projections are PackedDense (the input model is left as it was)."""
+               max_rows: int | None = None,
+               on_layer: Callable[[int, LayerWeights], None] | None = None) -> Model:
+    """A CPU model whose projections are PackedDense (the input model is left as it was).
+
+    `on_layer(i, packed_layer)` runs as each layer is done, so a caller can free that layer's
+    plain weights before the next is packed (the peak is one copy of the model, not two)."""
     if model.device.type != "cpu":
         raise ValueError(f"pack_model needs a CPU model, got one on {model.device}")
     w = model.w
     def pk(d: Dense) -> PackedDense:
         return pack_dense(d, batch_hint, keep_plain, max_rows)
 
-    layers = [dataclasses.replace(lw, qkv=pk(lw.qkv), o=pk(lw.o), gate_up=pk(lw.gate_up),
-                                  down=pk(lw.down)) for lw in w.layers]
+    layers = []
+    for i, lw in enumerate(w.layers):
+        layers.append(dataclasses.replace(lw, qkv=pk(lw.qkv), o=pk(lw.o),
+                                          gate_up=pk(lw.gate_up), down=pk(lw.down)))
+        if on_layer is not None:
+            on_layer(i, layers[-1])
     packed = ModelWeights(embed=w.embed, layers=layers, final_norm=w.final_norm,
                           lm_head=pk(w.lm_head))
     return Model(model.shape, packed, model.reduce)
