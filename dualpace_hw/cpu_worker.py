@@ -32,7 +32,6 @@ import contextlib
 import multiprocessing as mp
 import os
 import signal
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from .cpu_executor import CpuExecutor, CpuStep
 from .kv import PagedKVPool
 from .model import LayerWeights, Model, ModelWeights
 from .packed import pack_model
+from .processes import forget, gloo_rendezvous, spawn, stop
 from .shm import ArenaHandle, SharedArena, TensorRef
 from .tp import all_reduce, shard_shape, shard_weights
 
@@ -317,9 +317,7 @@ class CpuEngineProcess:
             self.assist = assist.block(self._parena)
             self._parena.pin()
             if tp > 1:
-                fd, self._rendezvous = tempfile.mkstemp(prefix="dualpace-gloo-")
-                os.close(fd)
-                os.unlink(self._rendezvous)  # Gloo's file store creates it
+                self._rendezvous = gloo_rendezvous()
             for rank in range(tp):
                 # contiguous core ranges: on a multi-socket box, a rank stays on one node
                 per = len(self.cores) // tp if self.cores else 0
@@ -337,12 +335,7 @@ class CpuEngineProcess:
             raise
 
     def _spawn(self, spec: WorkerSpec) -> None:
-        ctx = mp.get_context("spawn")  # never fork a process that has CUDA up
-        conn, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker_main, args=(child, spec), daemon=True,
-                           name=f"dualpace-cpu-engine-{spec.rank}")
-        proc.start()
-        child.close()
+        proc, conn = spawn(_worker_main, spec, f"dualpace-cpu-engine-{spec.rank}")
         self.procs.append(proc)
         self.conns.append(conn)
 
@@ -406,25 +399,10 @@ class CpuEngineProcess:
         """Stop the workers (politely, then not) and release the shared memory. Idempotent."""
         if self.procs and hasattr(self, "assist"):
             self.assist.stop()  # a worker spinning on an assist lets go
-        for proc, conn in zip(self.procs, self.conns, strict=True):
-            if proc.is_alive():
-                with contextlib.suppress(OSError, ValueError):
-                    conn.send(("stop",))
-        for proc in self.procs:
-            proc.join(5.0)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(2.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        for conn in self.conns:
-            conn.close()
+        stop(self.procs, self.conns)
         self.procs, self.conns = [], []
-        if self._rendezvous is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._rendezvous)
-            self._rendezvous = None
+        forget(self._rendezvous)
+        self._rendezvous = None
         for arena in ("_warena", "_parena"):
             if hasattr(self, arena):
                 getattr(self, arena).close()

@@ -12,10 +12,8 @@ post-layer) and the assist buffers stay with the main process.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import os
 import signal
-import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +24,7 @@ from dualpace_sim.costs.shapes import ModelShape
 from ..kv import PagedKVPool
 from ..model import Model, ModelWeights
 from ..packed import pack_model
+from ..processes import forget, gloo_rendezvous, spawn, stop
 from ..tp import all_reduce, shard_shape, shard_weights
 from .grids import Grids
 from .measure import decode_time
@@ -119,21 +118,14 @@ class CpuRanks:
         if len(cores) < world:
             raise ValueError(f"{world} CPU ranks need at least {world} cores, got {len(cores)}")
         shard_shape(shape, world)  # the heads must split
-        fd, self._rendezvous = tempfile.mkstemp(prefix="dualpace-profile-gloo-")
-        os.close(fd)
-        os.unlink(self._rendezvous)
-        ctx = mp.get_context("spawn")
+        self._rendezvous = gloo_rendezvous()
         per = len(cores) // world
         self.procs, self.conns = [], []
         try:
             for rank in range(world):
                 spec = RankSpec(shape, seed, block_size, n_blocks, grids, protocol, rank, world,
                                 self._rendezvous, tuple(cores[rank * per:(rank + 1) * per]))
-                conn, child = ctx.Pipe()
-                proc = ctx.Process(target=_rank_main, args=(child, spec), daemon=True,
-                                   name=f"dualpace-profile-rank-{rank}")
-                proc.start()
-                child.close()
+                proc, conn = spawn(_rank_main, spec, f"dualpace-profile-rank-{rank}")
                 self.procs.append(proc)
                 self.conns.append(conn)
             for i in range(world):
@@ -159,16 +151,6 @@ class CpuRanks:
         return max(self._recv(i)[1] for i in range(len(self.conns)))
 
     def close(self) -> None:
-        for conn in self.conns:
-            with contextlib.suppress(OSError, ValueError):
-                conn.send(("stop",))
-        for proc in self.procs:
-            proc.join(5.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        for conn in self.conns:
-            conn.close()
+        stop(self.procs, self.conns)
         self.procs, self.conns = [], []
-        if os.path.exists(self._rendezvous):
-            os.unlink(self._rendezvous)
+        forget(self._rendezvous)

@@ -1,0 +1,56 @@
+"""Child processes of the runtime and the profiler (CPU engine ranks, profiling ranks): spawned,
+never forked (the parent may have CUDA up), asked to stop, then made to.
+
+Each child gets one end of a pipe and a picklable spec; tensor-parallel children meet through a
+Gloo file rendezvous whose path `gloo_rendezvous` picks (Gloo's file store creates it)."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import tempfile
+from collections.abc import Callable
+
+
+def spawn(target: Callable, spec: object, name: str) -> tuple[mp.Process, object]:
+    """Start `target(conn, spec)` in a new daemon process; returns (process, parent's end)."""
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(child, spec), daemon=True, name=name)
+    proc.start()
+    child.close()
+    return proc, conn
+
+
+def stop(procs: list[mp.Process], conns: list) -> None:
+    """Ask each child to stop ("stop" on its pipe), then terminate and kill the ones that do
+    not within a few seconds, and close the pipes."""
+    for proc, conn in zip(procs, conns, strict=True):
+        if proc.is_alive():
+            with contextlib.suppress(OSError, ValueError):
+                conn.send(("stop",))
+    for proc in procs:
+        proc.join(5.0)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(2.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    for conn in conns:
+        conn.close()
+
+
+def gloo_rendezvous() -> str:
+    """A fresh path for Gloo's file rendezvous (remove it with `forget`)."""
+    fd, path = tempfile.mkstemp(prefix="dualpace-gloo-")
+    os.close(fd)
+    os.unlink(path)
+    return path
+
+
+def forget(path: str | None) -> None:
+    if path is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
