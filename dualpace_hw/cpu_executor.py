@@ -192,14 +192,17 @@ class CpuExecutor:
     # --- one decode step ----------------------------------------------------------------------
     def execute(self, plan: CpuPlan) -> dict[int, int]:
         """One decode step of every request in plan.batch; returns req_id -> sampled token."""
-        self._check_route(plan.route)
-        return self.run(CpuStep.from_plan(plan, self.tokens, self.pool.block_size))
+        self._check_route(plan.route)  # before building the step: the clearer error first
+        return self._run(CpuStep.from_plan(plan, self.tokens, self.pool.block_size))
 
     def run(self, step: CpuStep) -> dict[int, int]:
         """One decode step given as a CpuStep (what the CPU engine's process receives)."""
+        self._check_route(step.route)
+        return self._run(step)
+
+    def _run(self, step: CpuStep) -> dict[int, int]:
         if not step.req_ids:
             return {}
-        self._check_route(step.route)
         self.configure_thread()
         with torch.inference_mode():
             tokens = self._step(step)

@@ -98,6 +98,17 @@ class Box:
         self.apply(plan, out)
         return out
 
+    def swap_out(self, r: Request) -> list[int]:
+        """Swap a decode out to the host as the runtime does: note its HBM blocks before the
+        core's commit hands it host blocks, then copy. Returns the HBM blocks it left."""
+        plan = GpuPlan(swap_outs=[r])
+        self.ex.note_swap_outs(plan)
+        gpu_ids = list(r.blocks)
+        r.blocks = self.host.allocate(len(gpu_ids))
+        self.hbm.release(gpu_ids)
+        self.ex.migrate(plan).wait()
+        return gpu_ids
+
     def apply(self, plan: GpuPlan, out: dict[int, int]) -> None:
         self.t += 1.0
         for c in plan.prefills:
@@ -252,13 +263,7 @@ def test_swapped_out_and_back_request_decodes_the_same_tokens(device):
         box.run(box.plan([], [box.chunk(r, 11)]))
         box.run(box.plan([r]))
     ra = a.reqs[1]
-    # a: swap out (the runtime notes the HBM blocks before the core's commit), then back
-    out_plan = GpuPlan(swap_outs=[ra])
-    a.ex.note_swap_outs(out_plan)
-    gpu_ids = list(ra.blocks)
-    ra.blocks = a.host.allocate(len(gpu_ids))
-    a.hbm.release(gpu_ids)
-    a.ex.migrate(out_plan).wait()
+    gpu_ids = a.swap_out(ra)  # a: swap out, then back
     a.pool.data[:, :, gpu_ids] = 0  # the HBM copy is gone
     in_plan = GpuPlan(swap_ins=[ra], decodes=[ra])
     ra.source_blocks = ra.blocks
@@ -395,13 +400,7 @@ def test_swapped_out_decoded_on_the_cpu_executor_and_back_gives_the_same_tokens(
         box.run(box.plan([], [box.chunk(r, 11)]))
         box.run(box.plan([r]))
     r = moved.reqs[1]
-    # swap out: the runtime notes the HBM blocks, the core's commit hands host blocks
-    out_plan = GpuPlan(swap_outs=[r])
-    moved.ex.note_swap_outs(out_plan)
-    gpu_ids = list(r.blocks)
-    r.blocks = moved.host.allocate(len(gpu_ids))
-    moved.hbm.release(gpu_ids)
-    moved.ex.migrate(out_plan).wait()
+    moved.swap_out(r)
     # three decode steps on the CPU executor, over the host pool, with a CPU copy of the model
     cpu_model = Model(moved.shape, moved.model.w.to("cpu"))  # seeded draws differ by device
     cpu = CpuExecutor(cpu_model, moved.host_pool, moved.tokens, threads=1)

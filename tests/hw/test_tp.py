@@ -26,14 +26,19 @@ PROMPTS = ([5, 17, 3, 99, 42, 7], [250, 1, 64, 8, 8, 31])
 NEW_TOKENS = 8
 
 
+def shard_model(name: str, rank: int, world: int) -> Model:
+    """This rank's shard of the test model (float32: split sums round alike)."""
+    shape = ModelShape.from_name(name)
+    full = ModelWeights.random(shape, seed=11, dtype=torch.float32)
+    return Model(shard_shape(shape, world), shard_weights(full, shape, rank, world),
+                 all_reduce() if world > 1 else None)
+
+
 def decode(name: str, rank: int, world: int) -> list[list[int]]:
     """Greedy decoding of PROMPTS on this rank's shard: the prompt goes through the CPU
     executor one position per step (writing its KV), then NEW_TOKENS are sampled."""
-    shape = ModelShape.from_name(name)
-    full = ModelWeights.random(shape, seed=11, dtype=torch.float32)
-    local = shard_shape(shape, world)
-    model = Model(local, shard_weights(full, shape, rank, world),
-                  all_reduce() if world > 1 else None)
+    model = shard_model(name, rank, world)
+    local = model.shape
     per = -(-(len(PROMPTS[0]) + NEW_TOKENS) // BS)
     pool = PagedKVPool(local, per * len(PROMPTS), BS, dtype=torch.float32)
     ex = CpuExecutor(model, pool, tokens=None, threads=1)
@@ -52,11 +57,8 @@ def decode(name: str, rank: int, world: int) -> list[list[int]]:
 def decode_on_the_gpu_executor(name: str, rank: int, world: int) -> list[list[int]]:
     """The same greedy decoding through the GPU executor's path (on the CPU device here): one
     batched prefill of both prompts, then decode rounds."""
-    shape = ModelShape.from_name(name)
-    full = ModelWeights.random(shape, seed=11, dtype=torch.float32)
-    local = shard_shape(shape, world)
-    model = Model(local, shard_weights(full, shape, rank, world),
-                  all_reduce() if world > 1 else None)
+    model = shard_model(name, rank, world)
+    local = model.shape
     per = -(-(len(PROMPTS[0]) + NEW_TOKENS) // BS)
     tokens = TokenStore()
     ex = GpuExecutor(model, PagedKVPool(local, per * len(PROMPTS), BS, dtype=torch.float32),
