@@ -33,7 +33,12 @@ def profile(
     cpu_tp: Annotated[int, typer.Option(
         min=1, help="CPU tensor-parallel ranks: the sharded CPU stages are timed on this many "
                     "Gloo ranks at once, each on its share of the cores (rank-critical)")] = 1,
-    gpu_kv_gib: Annotated[float | None, typer.Option(help="GPU KV budget")] = None,
+    gpu_tp: Annotated[int, typer.Option(
+        min=1, help="GPU tensor-parallel ranks, one per GPU over NCCL: every GPU measurement "
+                    "is taken on all of them at once, each with its shard of the layer, keeping "
+                    "the slowest rank's time; the link is their aggregate")] = 1,
+    gpu_kv_gib: Annotated[float | None, typer.Option(
+        help="GPU KV budget (in all, over the --gpu-tp GPUs)")] = None,
     host_kv_gib: Annotated[float | None, typer.Option(help="host KV budget")] = None,
     gpu_device: Annotated[str, typer.Option(help="'cuda', or 'cpu' for tests")] = "cuda",
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
@@ -50,7 +55,7 @@ def profile(
     except (ValueError, OSError, KeyError) as e:
         _fail(f"--model {model}: {e}")
     opt = Options(shape=shape, out=out, box_name=box, quick=quick, gpu_device=gpu_device,
-                  cpu_cores=cpu_cores, cpu_tp=cpu_tp, gpu_kv_gib=gpu_kv_gib,
+                  cpu_cores=cpu_cores, cpu_tp=cpu_tp, gpu_tp=gpu_tp, gpu_kv_gib=gpu_kv_gib,
                   host_kv_gib=host_kv_gib,
                   command=_command_line(locals()), progress=not quiet)
     try:
@@ -72,6 +77,9 @@ def run(
     cpu_tp: Annotated[int, typer.Option(
         min=1, help="CPU tensor-parallel ranks (processes over Gloo, splitting the heads and "
                     "the cores)")] = 1,
+    gpu_tp: Annotated[int, typer.Option(
+        min=1, help="GPU tensor-parallel ranks: the GPU engine on this many GPUs (one process "
+                    "each, NCCL), heads and KV split")] = 1,
     trace_events: Annotated[Path | None, typer.Option(
         "--trace-events", metavar="FILE",
         help="also write a timeline trace (Chrome/Perfetto JSON, as `dualpace-sim run "
@@ -89,7 +97,7 @@ def run(
         if trace_events is not None and trace_events.is_dir():
             _fail(f"--trace-events {trace_events}: is a directory; give a file such as "
                   f"{trace_events / 'trace.json'}")
-        summaries = run_real(loaded, out, device, cpu_cores, trace_events, cpu_tp)
+        summaries = run_real(loaded, out, device, cpu_cores, trace_events, cpu_tp, gpu_tp)
     except (ScenarioError, ValueError, EngineFailure) as e:
         _fail(str(e))
     except KeyboardInterrupt:
@@ -106,8 +114,8 @@ def run(
 def _command_line(params: dict) -> str:
     """The profile command as a user would retype it, for the profile's provenance."""
     words = ["dualpace-hw", "profile"]
-    for name in ("model", "out", "box", "cpu_cores", "cpu_tp", "gpu_kv_gib", "host_kv_gib",
-                 "gpu_device"):
+    for name in ("model", "out", "box", "cpu_cores", "cpu_tp", "gpu_tp", "gpu_kv_gib",
+                 "host_kv_gib", "gpu_device"):
         if params[name] is not None:
             words += [f"--{name.replace('_', '-')}", str(params[name])]
     return shlex.join(words + (["--quick"] if params["quick"] else []))

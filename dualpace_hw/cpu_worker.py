@@ -145,6 +145,16 @@ class AssistBlock:
 
 
 @dataclass(frozen=True)
+class HostShare:
+    """Where the shared host KV pool and assist buffers are, for the GPU engine's other
+    tensor-parallel ranks (picklable)."""
+
+    arena: ArenaHandle
+    pool: TensorRef
+    assist: AssistBuffers
+
+
+@dataclass(frozen=True)
 class WorkerSpec:
     """Everything the worker needs, all picklable: the weights are arena references."""
 
@@ -315,6 +325,7 @@ class CpuEngineProcess:
                                          storage=storage)
             assist = AssistBuffers.allocate(self._parena, shape, max_rows, weights.embed.dtype)
             self.assist = assist.block(self._parena)
+            self.share = HostShare(self._parena.handle(), pool_ref, assist)
             self._parena.pin()
             if tp > 1:
                 self._rendezvous = gloo_rendezvous()

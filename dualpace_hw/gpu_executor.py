@@ -53,7 +53,7 @@ class _Chunk:
     blocks: list[int]  # GPU block ids, or host block ids for a Prefill-to-CPU chunk
     to_cpu: bool
     last: bool
-    table: torch.Tensor | None = None  # GPU block table (GPU-bound chunks)
+    table: torch.Tensor | None = None  # GPU block table (GPU-bound chunks), set by prepare
 
 
 @dataclass
@@ -129,6 +129,20 @@ class Forward:
         return self.state.logits[: self.n_sampled]
 
 
+@dataclass
+class Round:
+    """One GPU round as plain data: its flattened batch and its swaps. Rank 0 of a
+    tensor-parallel GPU engine builds it from the core's plan; the other ranks run it as sent."""
+
+    flat: _Flat | None  # None: a round of migrations only
+    swap_out: tuple[list[int], list[int]]  # (GPU blocks, host blocks), pairwise
+    swap_in: tuple[list[int], list[int]]  # (host blocks, GPU blocks), pairwise
+
+    @property
+    def has_migrations(self) -> bool:
+        return bool(self.swap_out[0] or self.swap_in[0])
+
+
 def _bucket(n: int, sizes: tuple[int, ...]) -> int:
     for s in sizes:
         if n <= s:
@@ -152,8 +166,12 @@ class GpuExecutor:
         cuda_graphs: bool | None = None,
         max_graphs: int = 32,
         triton_decode: bool | None = None,
+        rank: int = 0,
     ) -> None:
+        """rank: this executor's tensor-parallel rank (its model and pool hold its heads);
+        a Dense Assist's attention output holds every rank's heads, and it takes its own."""
         self.model = model
+        self.rank = rank
         self.shape = model.shape
         self.pool = pool
         self.tokens = tokens
@@ -216,9 +234,7 @@ class GpuExecutor:
                 f.slots.extend([-1] * c.tokens)
             else:
                 f.slots.extend(slot_mapping(r.blocks, c.start, c.tokens, bs))
-                used = r.blocks[: -(-(c.start + c.tokens) // bs)]
-                ch.table = torch.tensor(used, dtype=torch.int64, device=self.device)
-                f.gpu_blocks.update(used)
+                f.gpu_blocks.update(r.blocks[: -(-(c.start + c.tokens) // bs)])
             if c.last:
                 f.sample_rows.append(len(f.ids) - 1)
                 f.sample_ids.append(r.req_id)
@@ -229,8 +245,14 @@ class GpuExecutor:
 
     def prepare(self, plan: GpuPlan) -> Batch:
         """Flatten a plan (after the core's commit) into tensors on the model's device."""
-        f = self._flatten(plan)
-        dev = self.device
+        return self._tensors(self._flatten(plan))
+
+    def _tensors(self, f: _Flat) -> Batch:
+        dev, bs = self.device, self.pool.block_size
+        for c in f.chunks:
+            if not c.to_cpu:
+                c.table = torch.tensor(c.blocks[: -(-(c.start + c.n) // bs)], dtype=torch.int64,
+                                       device=dev)
         width = max((len(t) for t in f.tables), default=1)
         table = torch.zeros(len(f.tables), width, dtype=torch.int32)
         for i, t in enumerate(f.tables):
@@ -260,33 +282,41 @@ class GpuExecutor:
         for r in plan.swap_outs:
             self._noted_swap_outs[r.req_id] = list(r.blocks)
 
+    def round_of(self, plan: GpuPlan) -> Round:
+        """A committed plan as plain data (after the core's commit; swap-outs noted before)."""
+        out_g: list[int] = []
+        out_h: list[int] = []
+        for r in plan.swap_outs:
+            if r.req_id not in self._noted_swap_outs:
+                raise ValueError(f"swap-out of request {r.req_id}: call note_swap_outs(plan) "
+                                 "before the core's commit")
+            out_g.extend(self._noted_swap_outs.pop(r.req_id))
+            out_h.extend(r.blocks)
+        in_h: list[int] = []
+        in_g: list[int] = []
+        for r in plan.swap_ins:
+            in_h.extend(r.source_blocks)
+            in_g.extend(r.blocks[: len(r.source_blocks)])
+        return Round(self._flatten(plan) if plan.has_forward else None, (out_g, out_h),
+                     (in_h, in_g))
+
     def migrate(self, plan: GpuPlan) -> CopyHandle | None:
         """Issue the plan's swap-outs then swap-ins on the copy stream (after the core's commit).
         Returns one handle for all of them (None when there are none)."""
-        if not plan.has_migrations:
+        return self.migrate_round(self.round_of(plan))
+
+    def migrate_round(self, rnd: Round) -> CopyHandle | None:
+        if not rnd.has_migrations:
             return None
         if self.migrator is None:
             raise ValueError("swaps need a host pool and a migrator")
         handle = None
-        self._swapped_out = set()
-        if plan.swap_outs:
-            g: list[int] = []
-            h: list[int] = []
-            for r in plan.swap_outs:
-                if r.req_id not in self._noted_swap_outs:
-                    raise ValueError(f"swap-out of request {r.req_id}: call note_swap_outs(plan) "
-                                     "before the core's commit")
-                src = self._noted_swap_outs.pop(r.req_id)
-                g.extend(src)
-                h.extend(r.blocks)
-            self._swapped_out = set(g)
-            handle = self.migrator.swap_out(g, h)
-        if plan.swap_ins:
-            g, h = [], []
-            for r in plan.swap_ins:
-                h.extend(r.source_blocks)
-                g.extend(r.blocks[: len(r.source_blocks)])
-            handle = self.migrator.swap_in(h, g)  # same stream: lands after the swap-outs
+        out_g, out_h = rnd.swap_out
+        self._swapped_out = set(out_g)
+        if out_g:
+            handle = self.migrator.swap_out(out_g, out_h)
+        if rnd.swap_in[0]:
+            handle = self.migrator.swap_in(*rnd.swap_in)  # same stream: after the swap-outs
         self.swap_handle = handle
         return handle
 
@@ -295,11 +325,16 @@ class GpuExecutor:
     def stages(self, plan: GpuPlan) -> Forward:
         """The plan's stage tasks [pre-layer, layer 0 .. N-1, post-layer] (with its migrations
         issued first)."""
-        handle = self.migrate(plan)
-        if self.cuda_graphs and self.cuda and plan.decodes and not plan.prefills:
-            fw = self._graph_forward(plan)
+        return self.forward(self.round_of(plan))
+
+    def forward(self, rnd: Round) -> Forward:
+        """A round's stage tasks, its migrations issued first."""
+        handle = self.migrate_round(rnd)
+        f = rnd.flat
+        if self.cuda_graphs and self.cuda and f.n_dec and not f.chunks:
+            fw = self._graph_forward(f)
         else:
-            batch = self.prepare(plan)
+            batch = self._tensors(f)
             state = _State()
             copies = CopyGroup()
             fns = self._stage_fns(batch, state, copies)
@@ -309,15 +344,11 @@ class GpuExecutor:
 
             fw = Forward(fns, finish, state, copies, len(batch.sample_req_ids))
             self.copies = copies
-            self._last_batch = batch
-            if handle is not None and self.cuda:
-                self._hazards(batch, handle, fw)
-            return fw
         if handle is not None and self.cuda:
-            self._hazards(self._last_batch, handle, fw)
+            self._hazards(f, handle, fw)
         return fw
 
-    def _hazards(self, batch: Batch | _Flat, handle: CopyHandle, fw: Forward) -> None:
+    def _hazards(self, batch: _Flat, handle: CopyHandle, fw: Forward) -> None:
         """The compute stream waits on this round's swaps only where it touches their blocks."""
         if batch.swapped_in or (batch.gpu_blocks & self._swapped_out):
             first = fw.stages[0]
@@ -368,10 +399,16 @@ class GpuExecutor:
         finally:
             for r in reqs:
                 self.tokens.remove(r.req_id)
+        self.warm_kernels()
+        return time.perf_counter() - start
+
+    def warm_kernels(self) -> None:
+        """Compile the paged decode kernel and its split merge for every split-count bucket."""
         if self.cuda and self.triton_decode:
             from . import triton_decode
 
             kc, vc = self.pool.layer(0)
+            bs = self.pool.block_size
             q = torch.zeros(1, self.model.shape.n_heads, self.model.shape.head_dim,
                             dtype=kc.dtype, device=self.device)
             width = 128  # the most splits choose_splits picks
@@ -380,7 +417,6 @@ class GpuExecutor:
             for splits in (1, 2, 4, 8, 16, 32, 64, 128):
                 triton_decode.paged_decode_attention(q, kc, vc, table, lens, splits=splits)
             torch.cuda.synchronize(self.device)
-        return time.perf_counter() - start
 
     def copies_done(self) -> bool:
         """Whether the last layer of the last forward's Prefill-to-CPU copies landed."""
@@ -522,11 +558,9 @@ class GpuExecutor:
 
     # ================================================================ CUDA graphs
 
-    def _graph_forward(self, plan: GpuPlan) -> Forward:
-        bs = self.pool.block_size
-        d = len(plan.decodes)
-        need = max(-(-(r.prompt_tokens + r.generated) // bs) for r in plan.decodes)
-        key = (_bucket(d, _BATCH_BUCKETS), _bucket(need, _TABLE_BUCKETS))
+    def _graph_forward(self, flat: _Flat) -> Forward:
+        need = max(len(t) for t in flat.tables)
+        key = (_bucket(flat.n_dec, _BATCH_BUCKETS), _bucket(need, _TABLE_BUCKETS))
         graph = self._graphs.get(key)
         if graph is None:
             graph = _DecodeGraph(self, *key)
@@ -535,8 +569,6 @@ class GpuExecutor:
                 self._graphs.popitem(last=False)
         else:
             self._graphs.move_to_end(key)
-        flat = self._flatten(plan)
-        self._last_batch = flat
         self.copies = CopyGroup()
         return graph.forward(flat)
 
@@ -580,11 +612,16 @@ class GpuExecutor:
         self._assist_event.synchronize()
         return view.clone()
 
+    def _own_heads(self, attn: torch.Tensor) -> torch.Tensor:
+        """This rank's columns of an attention output of every head (tensor parallel)."""
+        q = self.shape.q_dim
+        return attn if attn.shape[1] == q else attn[:, self.rank * q:(self.rank + 1) * q]
+
     def assist_post_attn(self, layer: int, attn_out_cpu: torch.Tensor,
                          residual_cpu: torch.Tensor, out: torch.Tensor | None = None
                          ) -> torch.Tensor:
         """Dense Assist g_p: one non-final post-attention stage of a CPU batch -> hidden (CPU)."""
-        attn = self._stage_in("attn", attn_out_cpu)
+        attn = self._stage_in("attn", self._own_heads(attn_out_cpu))
         res = self._stage_in("residual", residual_cpu)
         return self._stage_out("hidden", self._post_attn(layer, attn, res), out)
 
@@ -598,7 +635,7 @@ class GpuExecutor:
                            residual_cpu: torch.Tensor, out: torch.Tensor | None = None
                            ) -> torch.Tensor:
         """Dense Assist g_lA (Fused-Assist): the last post-attention stage and the post-layer."""
-        attn = self._stage_in("attn", attn_out_cpu)
+        attn = self._stage_in("attn", self._own_heads(attn_out_cpu))
         res = self._stage_in("residual", residual_cpu)
         h = self._post_attn(layer, attn, res)
         return self._stage_out("tokens", greedy(self.model.post_layer(h)), out)

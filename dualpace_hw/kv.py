@@ -59,6 +59,14 @@ class PagedKVPool:
             raise ValueError(f"a KV budget of {budget_bytes} bytes holds no {per_block}-byte block")
         return cls(shape, int(n_blocks), block_size, **kw)
 
+    def heads(self, shard: ModelShape, rank: int) -> PagedKVPool:
+        """Tensor-parallel rank `rank`'s KV heads of this pool, in place: a view whose pages
+        are this rank's slice of each page (`shard` is the per-rank shape)."""
+        k = shard.n_kv_heads
+        return PagedKVPool(shard, self.n_blocks, self.block_size, n_layers=self.n_layers,
+                           dtype=self.data.dtype,
+                           storage=self.data[:, :, :, rank * k:(rank + 1) * k])
+
     @property
     def device(self) -> torch.device:
         return self.data.device

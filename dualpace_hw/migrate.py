@@ -23,6 +23,11 @@ Copy methods on CUDA:
 
 "auto" picks "dma" when the host ids form runs of 4 blocks or more on average, else "kernel".
 Host block ids come from a LIFO free list and are mostly long runs (ascending or descending).
+
+Under GPU tensor parallelism a rank's host pool is a view of the shared pool holding only its
+KV heads (`PagedKVPool.heads`): a page's head slice is still contiguous, but consecutive blocks
+are a full page apart, so a run becomes one strided DMA per (layer, K/V) row instead of one for
+all rows, and the kernel's offsets follow the view's strides.
 """
 
 from __future__ import annotations
@@ -182,6 +187,17 @@ class _Cudart:
 _MAX_PITCH = 2**31 - 1  # cudaDevAttrMaxPitch on current GPUs
 
 
+def _pages(data: torch.Tensor) -> torch.Tensor:
+    """A pool tensor [layers, 2, blocks, heads, bs, hd] as [(layer, K|V), blocks, page]: a
+    view, also of a head-sliced pool (its page slices are contiguous)."""
+    return data.flatten(3).flatten(0, 1)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether a [pages, page] view is one contiguous span."""
+    return t.shape[0] <= 1 or t.stride(0) == t.shape[1]
+
+
 class Migrator:
     def __init__(self, gpu_pool: PagedKVPool, host_pool: PagedKVPool, method: str = "auto",
                  max_stage_blocks: int = 128, kernel_ctas: int = 128,
@@ -240,8 +256,13 @@ class Migrator:
             self.gpu.device, non_blocking=True)
 
     def _copy_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """dst[i] = src[i] for the leading axis of two 2+-D views whose rows are contiguous
-        (same row size), as one strided DMA where possible."""
+        """dst[i] = src[i] for the leading axis of two [rows, pages, page] views whose pages
+        are contiguous, as one strided DMA where each row is contiguous too, else one per row
+        (a head-sliced host pool: pages a full page apart)."""
+        if dst.dim() == 3 and not (_dense(dst[0]) and _dense(src[0])):
+            for i in range(dst.shape[0]):
+                self._copy_rows(dst[i], src[i])
+            return
         rows = dst.shape[0]
         width = dst[0].numel() * dst.element_size()
         dp, sp = dst.stride(0) * dst.element_size(), src.stride(0) * src.element_size()
@@ -268,10 +289,12 @@ class Migrator:
 
     def _block_offsets(self, pool: PagedKVPool, ids: torch.Tensor,
                        layers: Sequence[int]) -> torch.Tensor:
-        """Element offsets of block `ids` of each (layer, K/V) in pool.data, [layers*2*n]."""
-        lk = torch.tensor([2 * layer + kv for layer in layers for kv in (0, 1)],
+        """Element offsets of block `ids` of each (layer, K/V) in pool.data, [layers*2*n]
+        (from the data's strides: a head-sliced view's pages are a full page apart)."""
+        s0, s1, s2 = pool.data.stride()[:3]
+        lk = torch.tensor([layer * s0 + kv * s1 for layer in layers for kv in (0, 1)],
                           dtype=torch.int64).to(ids.device, non_blocking=True)
-        return ((lk[:, None] * pool.n_blocks + ids[None, :]) * self.chunk).reshape(-1)
+        return (lk[:, None] + ids[None, :] * s2).reshape(-1)
 
     # -------------------------------------------------------------- block copies
 
@@ -293,8 +316,7 @@ class Migrator:
             return CopyHandle()
         method = self._pick(host_ids)
         rows = 2 * n_layers
-        gv = g.view(rows, g.shape[2], -1)  # [(layer, K|V), blocks, page elements]
-        hv = h.view(rows, h.shape[2], -1)
+        gv, hv = _pages(g), _pages(h)  # [(layer, K|V), blocks, page elements]
         with torch.cuda.stream(self._begin()):
             if method == "kernel":
                 gi, hi = self._upload(gpu_ids), self._upload(host_ids)
@@ -390,7 +412,7 @@ class Migrator:
         with torch.cuda.stream(self._begin()):
             kv.record_stream(self.stream)
             src = kv.view(2, kv.shape[1], -1)
-            dst = h[layer].view(2, h.shape[2], -1)
+            dst = _pages(h)[2 * layer:2 * layer + 2]
             for p, hb, n in plan.runs:
                 self._copy_rows(dst[:, hb:hb + n], src[:, p:p + n])
             return self._end()

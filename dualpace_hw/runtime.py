@@ -15,6 +15,7 @@ through fresh schedulers and must reproduce every plan.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -37,6 +38,7 @@ from dualpace_sim.core import (
 from dualpace_sim.core.journal import Journal, describe_cpu, describe_gpu
 from dualpace_sim.core.routing import Route
 from dualpace_sim.core.vllm import VllmConfig, VllmScheduler
+from dualpace_sim.costs.shapes import ModelShape
 from dualpace_sim.trace_events import (
     CPU_ENGINE,
     DENSE_ASSIST,
@@ -49,8 +51,9 @@ from dualpace_sim.trace_events import (
 from .cpu_executor import CpuStep
 from .cpu_worker import AssistBlock, CpuEngineProcess, WorkerFailed
 from .gpu_executor import GpuExecutor
+from .gpu_ranks import LeadExecutor
 from .kv import PagedKVPool
-from .model import Model
+from .model import Model, ModelWeights
 from .tokens import TokenStore
 
 
@@ -83,6 +86,48 @@ class _StagePace:
         while not last.query():
             if not serve():
                 time.sleep(50e-6)
+
+
+@dataclass
+class GpuEngine:
+    """What the GPU engine's executor is built from: the full model's weights on the first
+    GPU and its HBM pool's size; with `tensor_parallel` > 1, rank 0 of that many GPU ranks."""
+
+    shape: ModelShape
+    weights: ModelWeights
+    gpu_blocks: int
+    block_size: int
+    dtype: torch.dtype
+    tensor_parallel: int = 1
+
+    def build(self, tokens: TokenStore, cpu_engine: CpuEngineProcess | None = None
+              ) -> GpuExecutor:
+        host_pool = cpu_engine.host_pool if cpu_engine is not None else None
+        if self.tensor_parallel == 1:
+            pool = PagedKVPool(self.shape, self.gpu_blocks, self.block_size,
+                               device=self.weights.embed.device, dtype=self.dtype)
+            return GpuExecutor(Model(self.shape, self.weights), pool, tokens, host_pool)
+        return LeadExecutor(self.shape, self.weights, self.tensor_parallel, self.gpu_blocks,
+                            self.block_size, tokens, self.dtype, host_pool,
+                            cpu_engine.share if cpu_engine is not None else None,
+                            cpu_engine.cores if cpu_engine is not None else None)
+
+
+@contextlib.contextmanager
+def _host_cores(cores: set[int] | None):
+    """Run this process on `cores` with as many OpenMP threads (none given: leave it be): a
+    team of 16 on 2 cores turns every small CPU copy into a time-slicing stall."""
+    if not cores:
+        yield
+        return
+    affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(len(cores))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, affinity)
+        torch.set_num_threads(threads)
 
 
 class EngineFailure(RuntimeError):
@@ -193,8 +238,10 @@ class _Engines:
             body()
         except BaseException as e:  # noqa: BLE001 - reported to the main thread
             if self.error is None and not self.stop.is_set():
-                self.error = EngineFailure(f"{name} engine failed: {e}" if isinstance(
-                    e, WorkerFailed) else f"{name} engine failed: {type(e).__name__}: {e}")
+                lost = self._dead_rank(wait_s=2.0) if name == "GPU" else None
+                self.error = EngineFailure(
+                    f"{name} engine failed: {lost or e}" if lost or isinstance(e, WorkerFailed)
+                    else f"{name} engine failed: {type(e).__name__}: {e}")
                 self.error.__cause__ = e
             self.stop.set()
             self.wake()
@@ -210,6 +257,43 @@ class _Engines:
                 submit(r)
                 self.work.notify_all()
                 self.cpu_work.notify_all()
+
+    def _dead_rank(self, wait_s: float = 0.0) -> str | None:
+        """A GPU tensor-parallel rank that died, if any. A collective with a dead rank fails
+        with the transport's words (or never returns): waiting `wait_s` for the process to be
+        seen dead names the real cause instead."""
+        if not isinstance(self.gpu, LeadExecutor):
+            return None
+        deadline = time.perf_counter() + wait_s
+        while (lost := self.gpu.failure()) is None and time.perf_counter() < deadline:
+            time.sleep(0.05)
+        return lost
+
+    def _lost_rank(self, threads: list[threading.Thread]) -> bool:
+        """Whether a GPU tensor-parallel rank died: the engine thread may be blocked for good
+        in a collective with it, so the run ends without waiting for that thread (a daemon)."""
+        lost = self._dead_rank()
+        if lost is None:
+            return False
+        if self.error is None:
+            self.error = EngineFailure(f"GPU engine failed: {lost}")
+        self.stop.set()
+        self.wake()
+        for t in threads:
+            t.join(1.0)
+        return True
+
+    def _own_cores(self, cpu_engine: set[int] | None) -> set[int] | None:
+        """The cores this process keeps: off the CPU engine's and off the other GPU ranks'."""
+        if isinstance(self.gpu, LeadExecutor):
+            return set(self.gpu.host_cores) if self.gpu.host_cores else None
+        if cpu_engine and hasattr(os, "sched_getaffinity"):
+            return (os.sched_getaffinity(0) - cpu_engine) or None
+        return None
+
+    def close_gpu(self) -> None:
+        if isinstance(self.gpu, LeadExecutor):
+            self.gpu.close()
 
     def run(self, loops: dict[str, object], submit, finished) -> list[Request]:
         threads = [threading.Thread(target=self._guard, args=(n, f), name=n, daemon=True)
@@ -227,6 +311,8 @@ class _Engines:
                 if len(finished()) == len(self.requests) or self.stop.is_set():
                     self.stop.set()
                     self.wake()
+                if self._lost_rank(threads):
+                    break
                 for t in threads:
                     t.join(0.05)
         except KeyboardInterrupt:
@@ -249,36 +335,32 @@ class DualPaceRuntime(_Engines):
     The runtime owns `cpu_engine` (the CPU engine's process and the shared host KV pool) from
     here on: `serve` stops it and frees its memory however the run ends."""
 
-    def __init__(self, specs: Sequence, config: SchedulerConfig, gpu_model: Model,
-                 gpu_pool: PagedKVPool, cpu_engine: CpuEngineProcess) -> None:
-        super().__init__(specs, config.block_size, gpu_model.shape.vocab_size)
+    def __init__(self, specs: Sequence, config: SchedulerConfig, gpu: GpuEngine,
+                 cpu_engine: CpuEngineProcess) -> None:
+        super().__init__(specs, config.block_size, gpu.shape.vocab_size)
         self.state = EngineState(config)
         self.gpu_sched, self.cpu_sched = GpuScheduler(self.state), CpuScheduler(self.state)
         self.stage_mode = assist_reachable(config.largest_cpu_batch, config.route_f)
         self.channel = AssistServer(cpu_engine.assist, self)
         self.cpu_engine = cpu_engine
-        self.gpu = GpuExecutor(gpu_model, gpu_pool, self.tokens, cpu_engine.host_pool)
+        try:
+            self.gpu = gpu.build(self.tokens, cpu_engine)
+        except BaseException:
+            cpu_engine.close()
+            raise
 
     def serve(self) -> list[Request]:
         cores = self.cpu_engine.cores
-        affinity = os.sched_getaffinity(0) if cores and hasattr(os, "sched_getaffinity") else None
-        threads = torch.get_num_threads()
         try:
-            if affinity and affinity - set(cores):
-                # Keep off the CPU engine's cores, with as many OpenMP threads as cores left:
-                # a team of 16 on 2 cores turns every small CPU copy into a time-slicing stall.
-                os.sched_setaffinity(0, affinity - set(cores))
-                torch.set_num_threads(len(affinity - set(cores)))
-            return self.run({"GPU": self._gpu_loop, "CPU": self._cpu_loop}, self.state.submit,
-                            lambda: self.state.finished)
+            with _host_cores(self._own_cores(set(cores) if cores else None)):
+                return self.run({"GPU": self._gpu_loop, "CPU": self._cpu_loop},
+                                self.state.submit, lambda: self.state.finished)
         finally:
-            if affinity:
-                os.sched_setaffinity(0, affinity)
-                torch.set_num_threads(threads)
             ch = self.channel
             self.stats.assist_calls, self.stats.assist_wait_s = ch.calls, ch.wait_s
             self.stats.assist_service_s = ch.service_s
             self.cpu_engine.close()
+            self.close_gpu()
 
     def _idle_wait(self) -> None:
         if self.channel.expecting:  # an assist may come any moment: poll the block a while
@@ -409,14 +491,18 @@ def _trace_gpu_round(engines: _Engines, plan, start_s: float, end_s: float) -> N
 class VllmRuntime(_Engines):
     """vLLM's single GPU engine on the same executor."""
 
-    def __init__(self, specs: Sequence, config: VllmConfig, gpu_model: Model,
-                 gpu_pool: PagedKVPool) -> None:
-        super().__init__(specs, config.block_size, gpu_model.shape.vocab_size)
+    def __init__(self, specs: Sequence, config: VllmConfig, gpu: GpuEngine) -> None:
+        super().__init__(specs, config.block_size, gpu.shape.vocab_size)
         self.sched = VllmScheduler(config)
-        self.gpu = GpuExecutor(gpu_model, gpu_pool, self.tokens)
+        self.gpu = gpu.build(self.tokens)
 
     def serve(self) -> list[Request]:
-        return self.run({"GPU": self._loop}, self.sched.submit, lambda: self.sched.finished)
+        try:
+            with _host_cores(self._own_cores(None)):
+                return self.run({"GPU": self._loop}, self.sched.submit,
+                                lambda: self.sched.finished)
+        finally:
+            self.close_gpu()
 
     def _loop(self) -> None:
         while not self.stop.is_set():

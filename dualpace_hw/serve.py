@@ -20,35 +20,37 @@ from dualpace_sim.scenario import LoadedScenario
 from dualpace_sim.trace_events import TraceRecorder, write_trace
 
 from .cpu_worker import CpuEngineProcess
-from .kv import PagedKVPool
-from .model import Model, ModelWeights
-from .runtime import DualPaceRuntime, VllmRuntime
+from .model import ModelWeights
+from .runtime import DualPaceRuntime, GpuEngine, VllmRuntime
 
 REAL_POLICIES = ("dualpace", "vllm")
 
 
 def build_runtime(loaded: LoadedScenario, policy: str, device: str, cpu_cores: int | None,
-                  seed: int = 0, cpu_tp: int = 1, dtype: torch.dtype = torch.bfloat16):
+                  seed: int = 0, cpu_tp: int = 1, dtype: torch.dtype = torch.bfloat16,
+                  gpu_tp: int = 1):
     """Models with identical weights on the GPU and the CPU, pools sized like the scenario's.
     For DualPace this starts the CPU engine's process; the runtime stops it when it is done.
+    With `gpu_tp` > 1 the GPU engine is that many ranks (one GPU each; processes on the CPU
+    device, for tests), each holding its heads of the scenario's HBM pool.
     `dtype` is the weights' and the KV pools' (float32 lets tests compare tokens exactly)."""
     shape, config = loaded.profile.model, loaded.policy_config(policy)
+    if device.startswith("cuda") and gpu_tp > 1:
+        device = "cuda:0"
     weights = ModelWeights.random(shape, seed=seed, device=device, dtype=dtype)
-    gpu_model = Model(shape, weights)
-    gpu_pool = PagedKVPool(shape, config.gpu_kv_blocks, config.block_size, device=device,
-                           dtype=dtype)
+    gpu = GpuEngine(shape, weights, config.gpu_kv_blocks, config.block_size, dtype, gpu_tp)
     if policy == "vllm":
-        return VllmRuntime(loaded.requests, config, gpu_model, gpu_pool)
+        return VllmRuntime(loaded.requests, config, gpu)
     cores = list(range(cpu_cores)) if cpu_cores else None
     cpu_engine = CpuEngineProcess(weights, shape, config.host_kv_blocks, config.block_size,
                                   max_rows=config.largest_cpu_batch, cores=cores, tp=cpu_tp,
                                   dtype=dtype)
-    return DualPaceRuntime(loaded.requests, config, gpu_model, gpu_pool, cpu_engine)
+    return DualPaceRuntime(loaded.requests, config, gpu, cpu_engine)
 
 
 def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
              cpu_cores: int | None = None, trace_events: Path | None = None,
-             cpu_tp: int = 1) -> list[dict]:
+             cpu_tp: int = 1, gpu_tp: int = 1) -> list[dict]:
     """Run every policy the runtime has for real; write results after each one (and the
     timeline trace, one process per policy, when `trace_events` names a file)."""
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -61,7 +63,7 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
         if policy not in REAL_POLICIES:
             print(f"{policy}: simulated only (the real runtime runs {', '.join(REAL_POLICIES)})")
             continue
-        runtime = build_runtime(loaded, policy, device, cpu_cores, cpu_tp=cpu_tp)
+        runtime = build_runtime(loaded, policy, device, cpu_cores, cpu_tp=cpu_tp, gpu_tp=gpu_tp)
         if policy == "dualpace":
             engine = runtime.cpu_engine
             ranks = f" ({engine.tp} tensor-parallel ranks: {engine.pids})" if engine.tp > 1 else ""
@@ -77,7 +79,7 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
         frames[policy] = frame
         summaries.append({
             "scenario": loaded.spec.name, "policy": policy, "rate": loaded.spec.workload.rate,
-            **summarize(frame), "real": True, "device": device, "cpu_tp": cpu_tp,
+            **summarize(frame), "real": True, "device": device, "cpu_tp": cpu_tp, "gpu_tp": gpu_tp,
             "engine": asdict(runtime.stats),
         })
         write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet")

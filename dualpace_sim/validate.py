@@ -148,6 +148,11 @@ def check_against_scenario(real: RealRun, loaded: LoadedScenario) -> list[str]:
             notes.append(f"note: {real.path} ran the CPU engine as {ranks} tensor-parallel "
                          f"rank(s), the profile describes {profiled}; its CPU costs are another "
                          f"engine's (profile the box with the same split)")
+        gpu_ranks, gpu_profiled = summary.get("gpu_tp", 1), loaded.profile.box.tensor_parallel
+        if isinstance(gpu_ranks, int) and gpu_ranks != gpu_profiled:
+            notes.append(f"note: {real.path} ran {policy}'s GPU engine on {gpu_ranks} "
+                         f"tensor-parallel GPU(s), the profile describes {gpu_profiled}; its GPU "
+                         f"costs are another engine's (profile with --gpu-tp {gpu_ranks})")
         name = summary.get("scenario")
         if isinstance(name, str) and name != spec.name:
             notes.append(f"note: {real.path} is named {name!r}, the scenario {spec.name!r}")

@@ -230,3 +230,17 @@ def test_a_cpu_split_other_than_the_profiles_is_a_note(real_run):
     tp_notes = [n for n in result.notes if "tensor-parallel" in n]
     assert len(tp_notes) == 1
     assert "2 tensor-parallel rank(s), the profile describes 1" in tp_notes[0]
+
+
+def test_a_gpu_split_other_than_the_profiles_is_a_note(real_run):
+    """A real run on 2 tensor-parallel GPUs checked against a one-GPU profile: noted for every
+    policy, naming the flag that profiles the box the same way."""
+    scenario, real = real_run
+    summary = json.loads((real / "summary.json").read_text())
+    for s in summary:
+        s["gpu_tp"] = 2
+    (real / "summary.json").write_text(json.dumps(summary))
+    result = validate(real, scenario)
+    notes = [n for n in result.notes if "tensor-parallel GPU" in n]
+    assert len(notes) == len(summary)
+    assert all("profile describes 1" in n and "--gpu-tp 2" in n for n in notes)

@@ -49,21 +49,31 @@ class Measurer:
     """Holds the one-layer models, pools and timers of one profiling run."""
 
     def __init__(self, shape: ModelShape, gpu_device: torch.device, gpu_timer: Timer,
-                 cpu_timer: Timer, grids: Grids, block_size: int, seed: int = 0) -> None:
+                 cpu_timer: Timer, grids: Grids, block_size: int, seed: int = 0,
+                 gpu_model: Model | None = None, cpu: bool = True) -> None:
+        """gpu_model: the GPU-side layer to time, by default a random one of `shape`; a GPU
+        tensor-parallel rank passes its shard (`shape` is then the shard's), whose `reduce`
+        all-reduces, so its stages include their all-reduces. cpu: whether to build the CPU
+        engine's layer and pool (a GPU rank times no CPU stage)."""
         self.shape, self.grids, self.bs = shape, grids, block_size
         self.gpu_device = gpu_device
         self.gpu_t, self.cpu_t = gpu_timer, cpu_timer
-        self.gpu = Model(shape, ModelWeights.random(shape, seed, gpu_device, n_layers=1))
-        self.cpu, self.cpu_linear = _pack(Model(shape, ModelWeights.random(shape, seed, "cpu",
-                                                                           n_layers=1)))
+        if gpu_model is None:
+            gpu_model = Model(shape, ModelWeights.random(shape, seed, gpu_device, n_layers=1))
+        self.gpu = gpu_model
         self.gpu_decode = _gpu_decode_kernel(gpu_device)
-        self.cpu_decode = _cpu_decode_kernel()
         cap = max(min(t, b * grids.max_request_context)
                   for b in grids.decode_batches for t in grids.decode_totals)
         cap = max(cap, max(grids.prefill_contexts + grids.prefill_chunks))
         n_blocks = -(-cap // block_size) + max(grids.decode_batches)
         self.gpu_pool = PagedKVPool(shape, n_blocks, block_size, gpu_device, n_layers=1)
-        self.cpu_pool = PagedKVPool(shape, n_blocks, block_size, "cpu", n_layers=1)
+        self.cpu: Model | None = None
+        self.cpu_linear = self.cpu_decode = self.cpu_pool = None
+        if cpu:
+            self.cpu, self.cpu_linear = _pack(Model(shape, ModelWeights.random(
+                shape, seed, "cpu", n_layers=1)))
+            self.cpu_decode = _cpu_decode_kernel()
+            self.cpu_pool = PagedKVPool(shape, n_blocks, block_size, "cpu", n_layers=1)
         self._assist = None
 
     # --- helpers --------------------------------------------------------------------------

@@ -1,12 +1,19 @@
-"""CPU tensor-parallel ranks for the profiler: rank-critical timing (paper Appendix B).
+"""Tensor-parallel ranks for the profiler: rank-critical timing (paper Appendix B).
 
-With the CPU engine split over N ranks (`dualpace-hw run --cpu-tp N`), a sharded stage takes
-as long as its slowest rank, all-reduce included. So the sharded CPU stages — pre-attention,
-decode attention, post-attention (with its two all-reduces) — are measured by N processes at
-once, each on its own range of cores with its shard of one decoder layer, and the profile keeps
-the maximum over ranks. The ranks agree on every timing loop's invocation count first, since a
-stage with an all-reduce must be called as often on every rank. The replicated stages (pre- and
-post-layer) and the assist buffers stay with the main process.
+Split over N ranks, a sharded stage takes as long as its slowest rank, all-reduce included. So
+under tensor parallelism the profiler times such stages on N processes at once, each with its
+shard of one decoder layer, and keeps the maximum over ranks. The ranks agree on every timing
+loop's invocation count first, since a stage with an all-reduce must be called as often on
+every rank.
+
+CPU ranks (`--cpu-tp N`, the CPU engine as `dualpace-hw run --cpu-tp N` runs it): the sharded
+CPU stages — pre-attention, decode attention, post-attention (with its two all-reduces) — on
+Gloo ranks, each on its own range of cores. The replicated stages (pre- and post-layer) and the
+assist buffers stay with the main process.
+
+GPU ranks (`--gpu-tp N`): every GPU-side measurement — the stage tables, Dense Assist, the eager
+layer and the link — on one NCCL rank per GPU (Gloo ranks on the CPU device, for tests). The
+replicated pre- and post-layer run on every rank too, as they do when serving.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,14 +35,28 @@ from ..packed import pack_model
 from ..processes import forget, gloo_rendezvous, spawn, stop
 from ..tp import all_reduce, shard_shape, shard_weights
 from .grids import Grids
-from .measure import decode_time
+from .measure import Measurer, decode_time
 from .timing import Protocol, Timer
 
-SHARDED_STAGES = ("cpu.pre_attn", "cpu.post_attn", "cpu.decode_attn")
+CPU_STAGES = ("cpu.pre_attn", "cpu.post_attn", "cpu.decode_attn")
+GPU_STAGES = ("gpu.pre_attn", "gpu.post_attn", "gpu.pre_layer", "gpu.post_layer",
+              "gpu.prefill_attn", "gpu.decode_attn")
+
+
+def _agree_max(group: dist.ProcessGroup | None = None) -> Callable[[float], float]:
+    """Timer's `agree`: the largest first estimate over the ranks (a MAX all-reduce over
+    `group`, which must be a Gloo one: the estimate is a host float)."""
+
+    def agree(estimate: float) -> float:
+        t = torch.tensor([estimate], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        return float(t)
+
+    return agree
 
 
 @dataclass(frozen=True)
-class RankSpec:
+class CpuRankSpec:
     shape: ModelShape
     seed: int
     block_size: int
@@ -46,17 +68,16 @@ class RankSpec:
     rendezvous: str
     cores: tuple[int, ...]
 
+    def start(self) -> _CpuRank:
+        dist.init_process_group("gloo", init_method=f"file://{self.rendezvous}",
+                                rank=self.rank, world_size=self.world)
+        return _CpuRank(self)
 
-def _agree_max(estimate: float) -> float:
-    t = torch.tensor([estimate], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
 
+class _CpuRank:
+    """One rank's shard of one decoder layer on its cores, and its CPU stage timings."""
 
-class _Rank:
-    """One rank's shard of one decoder layer, and its stage timings."""
-
-    def __init__(self, spec: RankSpec) -> None:
+    def __init__(self, spec: CpuRankSpec) -> None:
         from ..cpu_attention import cpu_paged_decode_attention, pin_threads
 
         os.sched_setaffinity(0, spec.cores)
@@ -68,7 +89,7 @@ class _Rank:
                                                                 spec.world), all_reduce()))
         self.pool = PagedKVPool(self.shape, spec.n_blocks, spec.block_size, "cpu", n_layers=1)
         self.grids = spec.grids
-        self.timer = Timer(torch.device("cpu"), spec.protocol, agree=_agree_max)
+        self.timer = Timer(torch.device("cpu"), spec.protocol, agree=_agree_max())
         self.kernel = cpu_paged_decode_attention
 
     def measure(self, stage: str, args: tuple[int, ...]) -> float:
@@ -86,20 +107,72 @@ class _Rank:
             batch, total = args
             return decode_time(self.shape, self.grids, self.kernel, self.timer, self.pool, "cpu",
                                batch, total)
-        raise ValueError(f"no sharded CPU stage {stage!r}; the sharded ones: {SHARDED_STAGES}")
+        raise ValueError(f"no sharded CPU stage {stage!r}; the sharded ones: {CPU_STAGES}")
 
 
-def _rank_main(conn, spec: RankSpec) -> None:
+@dataclass(frozen=True)
+class GpuRankSpec:
+    shape: ModelShape
+    seed: int
+    block_size: int
+    grids: Grids
+    protocol: Protocol
+    rank: int
+    world: int
+    rendezvous: str
+    device_type: str  # "cuda": rank r on cuda:r over NCCL; "cpu": the GPU path on the CPU
+    cores: tuple[int, ...]  # this rank's own cores: OpenMP teams of two ranks must not
+    # overlap (on the 2-GPU box, overlapping teams made every assist of >= 8 rows 10-20 ms)
+
+    def start(self) -> _GpuRank:
+        init = f"file://{self.rendezvous}"
+        os.sched_setaffinity(0, self.cores)
+        torch.set_num_threads(len(self.cores))
+        if self.device_type == "cuda":
+            device = torch.device("cuda", self.rank)
+            torch.cuda.set_device(device)
+            dist.init_process_group("nccl", init_method=init, rank=self.rank,
+                                    world_size=self.world, device_id=device)
+            return _GpuRank(self, device, dist.new_group(backend="gloo"))
+        dist.init_process_group("gloo", init_method=init, rank=self.rank, world_size=self.world)
+        return _GpuRank(self, torch.device("cpu"), None)
+
+
+class _GpuRank:
+    """One rank's shard of one decoder layer on its GPU, timed by the profile's own Measurer
+    (its `reduce` all-reduces, so post-attention and the assists include both all-reduces)."""
+
+    def __init__(self, spec: GpuRankSpec, device: torch.device,
+                 agree_group: dist.ProcessGroup | None) -> None:
+        full = ModelWeights.random(spec.shape, spec.seed, device, n_layers=1)
+        shape = shard_shape(spec.shape, spec.world)
+        model = Model(shape, shard_weights(full, spec.shape, spec.rank, spec.world),
+                      all_reduce())
+        del full  # the shard holds copies
+        agree = _agree_max(agree_group)
+        self.m = m = Measurer(shape, device, Timer(device, spec.protocol, agree),
+                     Timer(torch.device("cpu"), spec.protocol, agree), spec.grids,
+                     spec.block_size, gpu_model=model, cpu=False)
+        self.calls: dict[str, Callable] = {
+            "gpu.pre_attn": m.gpu_pre_attn, "gpu.post_attn": m.gpu_post_attn,
+            "gpu.pre_layer": m.gpu_pre_layer, "gpu.post_layer": m.gpu_post_layer,
+            "gpu.prefill_attn": m.gpu_prefill_attn, "gpu.decode_attn": m.gpu_decode_attn,
+            "gpu.eager_layer_s": m.eager_layer, "assist": m.assist, "link": m.link,
+        }
+
+    def measure(self, stage: str, args: tuple) -> object:
+        return self.calls[stage](*args)
+
+
+def _rank_main(conn, spec: CpuRankSpec | GpuRankSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the profiler's main process decides
     try:
-        dist.init_process_group("gloo", init_method=f"file://{spec.rendezvous}",
-                                rank=spec.rank, world_size=spec.world)
-        rank = _Rank(spec)
+        rank = spec.start()
         conn.send(("ready",))
         while True:
             msg = conn.recv()
             if msg[0] != "measure":
-                return
+                break
             conn.send(("done", rank.measure(msg[1], msg[2])))
     except EOFError:
         return
@@ -107,28 +180,25 @@ def _rank_main(conn, spec: RankSpec) -> None:
         with contextlib.suppress(OSError, ValueError):
             conn.send(("error", f"{type(e).__name__}: {e}"))
         raise
+    dist.destroy_process_group()
 
 
-class CpuRanks:
-    """`world` rank processes on consecutive ranges of `cores`; `measure` gives the
-    rank-critical time of a sharded stage."""
+class _Ranks:
+    """The rank processes of `specs` (met through `rendezvous`); `measure` gives a stage's
+    rank-critical time."""
 
-    def __init__(self, shape: ModelShape, seed: int, block_size: int, n_blocks: int,
-                 grids: Grids, protocol: Protocol, world: int, cores: list[int]) -> None:
-        if len(cores) < world:
-            raise ValueError(f"{world} CPU ranks need at least {world} cores, got {len(cores)}")
-        shard_shape(shape, world)  # the heads must split
-        self._rendezvous = gloo_rendezvous()
-        per = len(cores) // world
+    kind = ""  # "CPU" or "GPU", for messages and process names
+
+    def __init__(self, specs: list[CpuRankSpec] | list[GpuRankSpec], rendezvous: str) -> None:
+        self._rendezvous = rendezvous
         self.procs, self.conns = [], []
         try:
-            for rank in range(world):
-                spec = RankSpec(shape, seed, block_size, n_blocks, grids, protocol, rank, world,
-                                self._rendezvous, tuple(cores[rank * per:(rank + 1) * per]))
-                proc, conn = spawn(_rank_main, spec, f"dualpace-profile-rank-{rank}")
+            for spec in specs:
+                proc, conn = spawn(_rank_main, spec,
+                                   f"dualpace-profile-{self.kind.lower()}-rank-{spec.rank}")
                 self.procs.append(proc)
                 self.conns.append(conn)
-            for i in range(world):
+            for i in range(len(specs)):
                 self._recv(i)
         except BaseException:
             self.close()
@@ -139,18 +209,78 @@ class CpuRanks:
             msg = self.conns[i].recv()
         except EOFError as e:
             self.procs[i].join(1.0)
-            raise RuntimeError(f"profiler CPU rank {i} died (exit code "
+            raise RuntimeError(f"profiler {self.kind} rank {i} died (exit code "
                                f"{self.procs[i].exitcode})") from e
         if msg[0] == "error":
-            raise RuntimeError(f"profiler CPU rank {i} failed: {msg[1]}")
+            raise RuntimeError(f"profiler {self.kind} rank {i} failed: {msg[1]}")
         return msg
 
-    def measure(self, stage: str, *args: int) -> float:
+    def _each(self, stage: str, args: tuple) -> list:
+        """Every rank's result of `stage`, run by all of them at once."""
         for conn in self.conns:
             conn.send(("measure", stage, args))
-        return max(self._recv(i)[1] for i in range(len(self.conns)))
+        return [self._recv(i)[1] for i in range(len(self.conns))]
+
+    def measure(self, stage: str, *args: int) -> float:
+        """The stage's time on its slowest rank."""
+        return max(self._each(stage, args))
 
     def close(self) -> None:
         stop(self.procs, self.conns)
         self.procs, self.conns = [], []
         forget(self._rendezvous)
+
+
+class CpuRanks(_Ranks):
+    """`world` rank processes on consecutive ranges of `cores`, timing CPU_STAGES."""
+
+    kind = "CPU"
+
+    def __init__(self, shape: ModelShape, seed: int, block_size: int, n_blocks: int,
+                 grids: Grids, protocol: Protocol, world: int, cores: list[int]) -> None:
+        if len(cores) < world:
+            raise ValueError(f"{world} CPU ranks need at least {world} cores, got {len(cores)}")
+        shard_shape(shape, world)  # the heads must split
+        rendezvous = gloo_rendezvous()
+        per = len(cores) // world
+        super().__init__([CpuRankSpec(shape, seed, block_size, n_blocks, grids, protocol, rank,
+                                      world, rendezvous,
+                                      tuple(cores[rank * per:(rank + 1) * per]))
+                          for rank in range(world)], rendezvous)
+
+
+class GpuRanks(_Ranks):
+    """`world` rank processes, rank r on cuda:r (or all on the CPU device, for tests), timing
+    GPU_STAGES, the eager layer, Dense Assist and the link. The profile's first `threads`
+    cores are shared out among ranks, each its own range. The caller checks that the heads
+    split `world` ways and that there are `world` GPUs (the profiler before measuring)."""
+
+    kind = "GPU"
+
+    def __init__(self, shape: ModelShape, seed: int, block_size: int, grids: Grids,
+                 protocol: Protocol, world: int, device: torch.device, threads: int) -> None:
+        rendezvous = gloo_rendezvous()
+        cores = sorted(os.sched_getaffinity(0))[:threads]
+        per = max(1, len(cores) // world)
+        super().__init__([GpuRankSpec(shape, seed, block_size, grids, protocol, rank, world,
+                                      rendezvous, device.type,
+                                      tuple(cores[rank * per:(rank + 1) * per] or cores))
+                          for rank in range(world)], rendezvous)
+
+    def eager_layer(self) -> float:
+        return self.measure("gpu.eager_layer_s")
+
+    def assist(self, kind: str, b: int) -> tuple[float, float]:
+        """(g_x(b), wall time) of the slowest rank: an assist runs sharded on every GPU."""
+        per = self._each("assist", (kind, b))
+        return max(g for g, _ in per), max(wall for _, wall in per)
+
+    def link(self) -> dict[str, float]:
+        """Every rank copies at once over its own link, as a swap under tensor parallelism
+        moves each rank's heads: the bandwidth is the aggregate (all ranks' bytes over the
+        slowest rank's time, i.e. N x the slowest rank's bandwidth), the latency the slowest
+        rank's."""
+        per = self._each("link", ())
+        return {"h2d_bytes_per_s": len(per) * min(p["h2d_bytes_per_s"] for p in per),
+                "d2h_bytes_per_s": len(per) * min(p["d2h_bytes_per_s"] for p in per),
+                "latency_s": max(p["latency_s"] for p in per)}

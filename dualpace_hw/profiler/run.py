@@ -19,9 +19,10 @@ from dualpace_sim.costs.profile import Profile
 from dualpace_sim.costs.shapes import ModelShape
 
 from .. import hostinfo as box
+from ..tp import shard_shape
 from .grids import Grids
 from .measure import Measurer
-from .ranks import SHARDED_STAGES, CpuRanks
+from .ranks import CPU_STAGES, GPU_STAGES, CpuRanks, GpuRanks
 from .timing import Protocol, Timer
 
 GIB = 2**30
@@ -42,6 +43,7 @@ class Options:
     gpu_device: str = "cuda"
     cpu_cores: int | None = None
     cpu_tp: int = 1  # CPU tensor-parallel ranks: sharded CPU stages timed rank-critically
+    gpu_tp: int = 1  # GPU tensor-parallel ranks, one per GPU: every GPU measurement on them
     gpu_kv_gib: float | None = None
     host_kv_gib: float | None = None
     block_size: int = 16
@@ -56,6 +58,18 @@ def _device(name: str) -> torch.device:
         raise ProfileRunError("no CUDA device: the GPU tables need one. Profile on a GPU box, or "
                               "pass --gpu-device cpu to run the GPU path on the CPU (for tests)")
     return device
+
+
+def _check_gpu_tp(opt: Options, device: torch.device) -> None:
+    """Refuse a --gpu-tp that cannot run here before anything is measured."""
+    n = opt.gpu_tp
+    try:
+        shard_shape(opt.shape, n)
+    except ValueError as e:
+        raise ProfileRunError(f"--gpu-tp {n}: {e}") from None
+    if device.type == "cuda" and n > torch.cuda.device_count():
+        raise ProfileRunError(f"--gpu-tp {n}: one rank per GPU needs {n} CUDA devices, this box "
+                              f"has {torch.cuda.device_count()}")
 
 
 def _threads(cores: int | None) -> int:
@@ -115,8 +129,38 @@ def _tables(m: Measurer, g: Grids) -> list[tuple[str, list[int], list[int] | Non
     return [(n, x, None, f) for n, x, f in one] + two
 
 
+def _routed(tables: list, stages: tuple[str, ...], ranks: CpuRanks | GpuRanks) -> list:
+    """`tables` with the measures of `stages` replaced by the ranks' rank-critical ones."""
+    return [(name, xs, ys, (lambda *a, n=name: ranks.measure(n, *a)) if name in stages else f)
+            for name, xs, ys, f in tables]
+
+
+def _start_ranks(opt: Options, m: Measurer, grids: Grids, protocol: Protocol, threads: int,
+                 stack: contextlib.ExitStack) -> tuple[list, Measurer | GpuRanks]:
+    """The tables to measure, their sharded stages routed to tensor-parallel ranks (closed by
+    `stack`), and what measures the assists, the link and the eager layer: the GPU ranks
+    under --gpu-tp, else `m`."""
+    tables = _tables(m, grids)
+    gpu: Measurer | GpuRanks = m
+    if opt.gpu_tp > 1:
+        gpu = GpuRanks(opt.shape, opt.seed, opt.block_size, grids, protocol, opt.gpu_tp,
+                       m.gpu_device, threads)
+        stack.callback(gpu.close)
+        tables = _routed(tables, GPU_STAGES, gpu)
+    if opt.cpu_tp > 1:
+        try:
+            ranks = CpuRanks(opt.shape, opt.seed, opt.block_size, m.cpu_pool.n_blocks, grids,
+                             protocol, opt.cpu_tp, sorted(os.sched_getaffinity(0))[:threads])
+        except ValueError as e:
+            raise ProfileRunError(f"--cpu-tp {opt.cpu_tp}: {e}") from None
+        stack.callback(ranks.close)
+        tables = _routed(tables, CPU_STAGES, ranks)
+    return tables, gpu
+
+
 def run_profile(opt: Options) -> Profile:
     gpu_device = _device(opt.gpu_device)
+    _check_gpu_tp(opt, gpu_device)
     threads = _threads(opt.cpu_cores)
     if not box.has_amx():
         print("note: this CPU has no AMX; profiling its AVX-512 path (the profile says amx: "
@@ -126,27 +170,17 @@ def run_profile(opt: Options) -> Profile:
     m = Measurer(opt.shape, gpu_device, Timer(gpu_device, protocol),
                  Timer(torch.device("cpu"), protocol), grids, opt.block_size, opt.seed)
     meta = {"model": opt.shape.name, "quick": opt.quick, "device": str(gpu_device),
-            "threads": threads, "cpu_tp": opt.cpu_tp, "block_size": opt.block_size,
-            "grids": asdict(grids)}
+            "threads": threads, "cpu_tp": opt.cpu_tp, "gpu_tp": opt.gpu_tp,
+            "block_size": opt.block_size, "grids": asdict(grids)}
     opt.out.parent.mkdir(parents=True, exist_ok=True)
     ckpt = Checkpoint(opt.out.with_suffix(".partial.json"), meta)
-    tables = _tables(m, grids)
-    ranks = None
-    if opt.cpu_tp > 1:
-        try:
-            ranks = CpuRanks(opt.shape, opt.seed, opt.block_size, m.cpu_pool.n_blocks, grids,
-                             protocol, opt.cpu_tp, sorted(os.sched_getaffinity(0))[:threads])
-        except ValueError as e:
-            raise ProfileRunError(f"--cpu-tp {opt.cpu_tp}: {e}") from None
-        tables = [(name, xs, ys, (lambda *a, n=name: ranks.measure(n, *a))
-                   if name in SHARDED_STAGES else f) for name, xs, ys, f in tables]
-    n_points = sum(len(x) * (len(y) if y else 1) for _, x, y, _ in tables)
-    n_points += 6 * len(grids.cpu_batches) + 6
     values: dict[str, dict] = {}
-    with contextlib.ExitStack() as stack, tqdm(total=n_points, disable=not opt.progress,
-                                               unit="pt") as bar:
-        if ranks is not None:
-            stack.callback(ranks.close)
+    with contextlib.ExitStack() as stack:
+        tables, gpu = _start_ranks(opt, m, grids, protocol, threads, stack)
+        n_points = sum(len(x) * (len(y) if y else 1) for _, x, y, _ in tables)
+        n_points += 6 * len(grids.cpu_batches) + 6
+        bar = stack.enter_context(tqdm(total=n_points, disable=not opt.progress, unit="pt"))
+
         def point(key: str, measure: Callable[[], float]) -> float:
             bar.set_description(key.split("|")[0])
             v = ckpt.get(key, measure)
@@ -165,18 +199,20 @@ def run_profile(opt: Options) -> Profile:
         for kind in ("p", "lA", "lS"):
             g, overhead = [], []
             for b in grids.cpu_batches:
-                cuda_s = point(f"assist.g_{kind}|{b}", lambda b=b, k=kind: m.assist(k, b)[0])
-                wall_s = point(f"assist.wall_{kind}|{b}", lambda b=b, k=kind: m.assist(k, b)[1])
+                cuda_s = point(f"assist.g_{kind}|{b}",
+                               lambda b=b, k=kind: gpu.assist(k, b)[0])
+                wall_s = point(f"assist.wall_{kind}|{b}",
+                               lambda b=b, k=kind: gpu.assist(k, b)[1])
                 g.append(cuda_s)
                 overhead.append(max(wall_s - cuda_s, 0.0))
             values[f"assist.g_{kind}"] = {"x": grids.cpu_batches, "y": g}
             waits[kind] = sum(overhead) / len(overhead)
-        link = {k: point(f"link.{k}", lambda k=k: m.link()[k])
+        link = {k: point(f"link.{k}", lambda k=k: gpu.link()[k])
                 for k in ("h2d_bytes_per_s", "d2h_bytes_per_s", "latency_s")}
         poll = point("assist.poll_s", m.poll_s)
         launch = point("neo.launch_s", m.neo_launch_s)
         overhead = point("iteration_overhead_s", m.iteration_overhead)
-        eager = point("gpu.eager_layer_s", m.eager_layer)
+        eager = point("gpu.eager_layer_s", gpu.eager_layer)
     profile = _assemble(opt, m, values, waits, link, poll, launch, overhead, eager, threads,
                         protocol)
     profile.save(opt.out)
@@ -199,8 +235,12 @@ def _capacities(opt: Options, gpu_device: torch.device) -> tuple[int, int, dict]
     if opt.gpu_kv_gib is not None:
         gpu_bytes = opt.gpu_kv_gib * GIB
     elif gpu_device.type == "cuda":
-        total = torch.cuda.get_device_properties(gpu_device).total_memory
-        gpu_bytes = total * 0.9 - s.weight_bytes - GPU_RESERVE_GIB * GIB
+        # Under --gpu-tp N each GPU holds 1/N of the weights and 1/N of every block's heads, so
+        # the pool is the sum of what each leaves, in blocks of the whole model.
+        devices = ([gpu_device] if opt.gpu_tp == 1 else
+                   [torch.device("cuda", r) for r in range(opt.gpu_tp)])
+        gpu_bytes = sum(torch.cuda.get_device_properties(d).total_memory * 0.9
+                        - s.weight_bytes / opt.gpu_tp - GPU_RESERVE_GIB * GIB for d in devices)
     else:
         gpu_bytes = 1 * GIB  # the GPU path on the CPU (tests): a nominal pool
     host_bytes = (opt.host_kv_gib * GIB if opt.host_kv_gib is not None else
@@ -229,13 +269,19 @@ def _assemble(opt: Options, m: Measurer, v: dict, waits: dict, link: dict, poll:
         "handshake is not included. Iteration overheads (both engines) = the GPU executor "
         "building a 64-request decode batch. gpu.eager_layer_s = one layer of a small mixed "
         "batch run eagerly, back to back (the host's launch floor of prefill rounds)."
+        + (f" GPU tensor parallel over {opt.gpu_tp} ranks: every GPU table, the assists and "
+           "the eager layer were timed on all ranks at once, each with its shard of the layer "
+           "(all-reduces included), keeping the slowest rank's time (rank-critical); the link "
+           "is every rank copying at once over its own PCIe link (total bytes over the slowest "
+           "rank's time), as a swap under tensor parallelism moves each rank's heads "
+           "concurrently." if opt.gpu_tp > 1 else "")
         + (" QUICK grids and protocol: for tests, not for studies." if opt.quick else ""))
     data = {
         "format": "dualpace-profile/1",
         "provenance": prov,
         "model": asdict(opt.shape),
-        "box": {"name": opt.box_name, "gpu": prov["gpu_model"], "gpu_count": 1,
-                "tensor_parallel": 1, "cpu": prov["cpu_model"], "cpu_cores": threads,
+        "box": {"name": opt.box_name, "gpu": prov["gpu_model"], "gpu_count": opt.gpu_tp,
+                "tensor_parallel": opt.gpu_tp, "cpu": prov["cpu_model"], "cpu_cores": threads,
                 "cpu_tensor_parallel": opt.cpu_tp},
         "block_size": opt.block_size,
         "gpu": {k.split(".", 1)[1]: t for k, t in v.items() if k.startswith("gpu.")}

@@ -88,10 +88,11 @@ class Timer:
         return statistics.mean(samples)
 
     def wall(self, fn: Callable[[], object]) -> float:
-        """Wall-clock per call including a device sync (for host-visible latencies)."""
+        """Wall-clock per call including a device sync (for host-visible latencies); ranks
+        agree on the invocation count here too."""
 
         def synced() -> None:
             fn()
             self.sync()
 
-        return Timer(torch.device("cpu"), self.p)(synced)
+        return Timer(torch.device("cpu"), self.p, self.agree)(synced)

@@ -16,6 +16,7 @@ from dualpace_hw.kv import PagedKVPool
 from dualpace_hw.migrate import Migrator
 from dualpace_hw.model import Model, ModelWeights, greedy
 from dualpace_hw.tokens import TokenStore
+from dualpace_hw.tp import shard_shape
 from dualpace_sim.core.blocks import BlockPool
 from dualpace_sim.core.plans import GpuPlan, PrefillChunk
 from dualpace_sim.core.request import Owner, Request, blocks_for
@@ -309,11 +310,16 @@ def test_dense_assist_equals_the_models_own_stages_on_the_cpu(name, device):
         assert torch.equal(toks[clear], greedy(logits)[clear])
 
 
-def test_swap_out_then_swap_in_round_trips_exactly_into_other_blocks(device):
-    shape = ModelShape.from_name("tiny-qwen3")
+@pytest.mark.parametrize("rank", [None, 1], ids=["whole-pool", "tp-rank-1-heads"])
+def test_swap_out_then_swap_in_round_trips_exactly_into_other_blocks(device, rank):
+    """Also for GPU tensor-parallel rank 1, whose host pool is its heads' slice of each page
+    of the shared pool: its swaps land in its heads and leave the other rank's alone."""
+    full = ModelShape.from_name("tiny-qwen3")
+    shape = full if rank is None else shard_shape(full, 2)
     gpu = PagedKVPool(shape, 32, BS, device=device, dtype=torch.bfloat16)
-    host = PagedKVPool(shape, 32, BS, device="cpu", dtype=torch.bfloat16,
-                       pin_memory=device != "cpu")
+    shared = PagedKVPool(full, 32, BS, device="cpu", dtype=torch.bfloat16,
+                         pin_memory=device != "cpu")
+    host = shared if rank is None else shared.heads(shape, rank)
     gpu.data.copy_(torch.randn(gpu.data.shape, dtype=torch.float32).to(torch.bfloat16))
     before = gpu.data.clone()
     methods = ["auto"] if device == "cpu" else ["dma", "kernel", "auto"]
@@ -327,14 +333,33 @@ def test_swap_out_then_swap_in_round_trips_exactly_into_other_blocks(device):
     for method, use_2d in variants:
         m = Migrator(gpu, host, method=method, use_2d=use_2d)
         for src, mid, dst in cases:
-            host.data.zero_()
+            shared.data.zero_()
             m.swap_out(src, mid).wait()
             for i, hb in enumerate(mid):
                 assert torch.equal(host.data[:, :, hb], before[:, :, src[i]].cpu())
+            assert shared.data.count_nonzero() == host.data.count_nonzero()  # nothing else
             gpu.data[:, :, dst] = 0
             m.swap_in(mid, dst).wait()
             assert torch.equal(gpu.data[:, :, dst], before[:, :, src])
             gpu.data.copy_(before)
+
+
+def test_layer_pages_land_in_a_tensor_parallel_ranks_heads(device):
+    """Prefill-to-CPU page copies of GPU rank 1 (a head-sliced host pool), scattered blocks."""
+    full = ModelShape.from_name("tiny-llama")
+    shape = shard_shape(full, 2)
+    gpu = PagedKVPool(shape, 8, BS, device=device, dtype=torch.float32)
+    shared = PagedKVPool(full, 16, BS, device="cpu", dtype=torch.float32,
+                         pin_memory=device != "cpu")
+    host = shared.heads(shape, 1)
+    m = Migrator(gpu, host)
+    blocks = [9, 3, 4, 12]
+    kp = torch.randn(4, shape.n_kv_heads, BS, shape.head_dim, device=device)
+    vp = torch.randn(4, shape.n_kv_heads, BS, shape.head_dim, device=device)
+    m.copy_layer_blocks_to_host(1, kp, vp, blocks).wait()
+    assert torch.equal(host.data[1, 0, blocks], kp.cpu())
+    assert torch.equal(host.data[1, 1, blocks], vp.cpu())
+    assert shared.data[:, :, :, : shape.n_kv_heads].count_nonzero() == 0
 
 
 def test_layer_copy_to_host_slots(device):

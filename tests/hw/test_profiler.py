@@ -4,8 +4,10 @@ simulator and drives `dualpace-sim run`; an interrupted profile resumes."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+import torch
 import yaml
 from typer.testing import CliRunner
 
@@ -15,6 +17,15 @@ from dualpace_hw.profiler.measure import Measurer
 from dualpace_sim.cli import app as sim_app
 from dualpace_sim.costs import load_profile
 from dualpace_sim.costs.profile import check_magnitudes
+
+
+@pytest.fixture(autouse=True)
+def _keep_the_cores():
+    """The profiler pins this process to --cpu-cores cores; give the next test them all back."""
+    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    yield
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +148,134 @@ def test_cpu_tensor_parallel_needs_a_core_per_rank(tmp_path):
         "--gpu-device", "cpu", "--cpu-cores", "1", "--cpu-tp", "2", "--quiet"])
     assert result.exit_code == 2
     assert "--cpu-tp 2: 2 CPU ranks need at least 2 cores, got 1" in result.output
+
+
+def test_gpu_tensor_parallel_profile_times_every_gpu_measurement_on_the_ranks(tmp_path,
+                                                                               monkeypatch):
+    """`--gpu-tp 2` (with `--cpu-tp 2`: they combine): every GPU table, the assists, the eager
+    layer and the link are measured by two GPU ranks (on the CPU device here), the sharded CPU
+    stages by two CPU ranks; the profile records two GPUs at tensor parallel 2."""
+    from dualpace_hw.profiler import ranks as ranks_module
+
+    seen: list[str] = []
+    for cls, name in [(ranks_module.GpuRanks, "measure"), (ranks_module.GpuRanks, "assist"),
+                      (ranks_module.GpuRanks, "link"), (ranks_module.CpuRanks, "measure")]:
+        real = getattr(cls, name)
+
+        def recorded(self, *args, real=real, cls=cls, name=name):
+            seen.append(f"{cls.kind}:{args[0] if name == 'measure' else name}")
+            return real(self, *args)
+
+        monkeypatch.setattr(cls, name, recorded)
+    out = tmp_path / "tiny-llama-gtp2.yaml"
+    result = CliRunner().invoke(hw_app, [
+        "profile", "--model", "tiny-llama", "--out", str(out), "--quick", "--gpu-device", "cpu",
+        "--box", "ci-box", "--cpu-cores", "2", "--cpu-tp", "2", "--gpu-tp", "2", "--quiet"])
+    assert result.exit_code == 0, result.output
+    profile = load_profile(out)
+    assert profile.box.gpu_count == profile.box.tensor_parallel == 2
+    assert profile.box.cpu_tensor_parallel == 2
+    assert "--gpu-tp 2" in profile.provenance.command
+    assert "GPU tensor parallel over 2 ranks" in profile.provenance.notes
+    assert set(seen) == ({f"GPU:{s}" for s in ranks_module.GPU_STAGES}
+                         | {"GPU:gpu.eager_layer_s", "GPU:assist", "GPU:link"}
+                         | {f"CPU:{s}" for s in ranks_module.CPU_STAGES})
+    assert min(profile.gpu.post_attn.y) > 0 and min(profile.assist.g_lA.y) > 0
+    check_magnitudes(profile, str(out))
+
+
+def test_gpu_ranks_keep_the_slowest_rank_and_aggregate_the_link(monkeypatch):
+    """Rank-critical: a stage's time and an assist's are the maximum over the ranks; the link's
+    bandwidth is all ranks' bytes over the slowest rank's time."""
+    from dualpace_hw.profiler.ranks import GpuRanks
+
+    per_rank = {
+        "gpu.post_attn": [2.0, 5.0, 3.0],
+        "assist": [(1.0, 4.0), (3.0, 2.0), (2.0, 1.0)],
+        "link": [{"h2d_bytes_per_s": 10.0, "d2h_bytes_per_s": 8.0, "latency_s": 1.0},
+                 {"h2d_bytes_per_s": 6.0, "d2h_bytes_per_s": 9.0, "latency_s": 3.0},
+                 {"h2d_bytes_per_s": 7.0, "d2h_bytes_per_s": 12.0, "latency_s": 2.0}],
+    }
+    ranks = object.__new__(GpuRanks)  # no processes: the ranks' answers are given
+    monkeypatch.setattr(GpuRanks, "_each", lambda self, stage, args: per_rank[stage])
+    assert ranks.measure("gpu.post_attn", 8) == 5.0
+    assert ranks.assist("p", 8) == (3.0, 4.0)
+    assert ranks.link() == {"h2d_bytes_per_s": 18.0, "d2h_bytes_per_s": 24.0, "latency_s": 3.0}
+
+
+def _post_attn_inputs(shape):
+    g = torch.Generator().manual_seed(5)
+    return (torch.randn(4, shape.q_dim, generator=g).bfloat16(),
+            torch.randn(4, shape.hidden_size, generator=g).bfloat16())
+
+
+def _post_attn_on_a_gpu_rank(rank: int, rendezvous: str, results) -> None:
+    """A GPU rank as the profiler starts it (on the CPU device): its post-attention stage on
+    its heads' columns of the attention output."""
+    from dualpace_hw.profiler.grids import Grids
+    from dualpace_hw.profiler.ranks import GpuRankSpec
+    from dualpace_hw.profiler.timing import Protocol
+
+    shape = load_profile_shape()
+    spec = GpuRankSpec(shape, 3, 4, Grids.quick(), Protocol.quick(), rank, 2, rendezvous,
+                       "cpu", (sorted(os.sched_getaffinity(0))[0],))
+    gpu_rank = spec.start()
+    attn, residual = _post_attn_inputs(shape)
+    out = gpu_rank.m.gpu.post_attn(0, attn.chunk(2, dim=1)[rank], residual)
+    results.put((rank, out.float().tolist()))  # lists: the rank exits before tensors are read
+
+
+def test_gpu_ranks_time_the_sharded_stage_with_its_all_reduces(tmp_path):
+    """The layer a GPU rank times is its shard with the all-reduces: two ranks' post-attention
+    outputs are the same, and the whole layer's (a rank without the all-reduces is off by
+    about 2.5 here)."""
+    import multiprocessing as mp
+
+    from dualpace_hw.model import Model, ModelWeights
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_post_attn_on_a_gpu_rank,
+                         args=(r, str(tmp_path / "rendezvous"), results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(results.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    shape = load_profile_shape()
+    whole = Model(shape, ModelWeights.random(shape, 3, "cpu", n_layers=1))
+    expected = whole.post_attn(0, *_post_attn_inputs(shape)).float()
+    assert got[0] == got[1]
+    torch.testing.assert_close(torch.tensor(got[0]), expected, atol=0.1, rtol=0.05)
+
+
+def test_gpu_tensor_parallel_must_split_the_heads_and_have_the_gpus(tmp_path, monkeypatch):
+    args = ["profile", "--model", "tiny-llama", "--out", str(tmp_path / "p.yaml"), "--quick",
+            "--quiet"]
+    result = CliRunner().invoke(hw_app, [*args, "--gpu-device", "cpu", "--gpu-tp", "4"])
+    assert result.exit_code == 2
+    assert "--gpu-tp 4: tiny-llama: n_kv_heads=2 does not split over 4 ranks" in result.output
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    result = CliRunner().invoke(hw_app, [*args, "--gpu-tp", "2"])
+    assert result.exit_code == 2
+    assert "--gpu-tp 2: one rank per GPU needs 2 CUDA devices, this box has 1" in result.output
+    assert not (tmp_path / "p.partial.json").exists()
+
+
+def test_gpu_tensor_parallel_kv_capacity_sums_the_gpus(tmp_path, monkeypatch):
+    """Each GPU keeps 90% of its memory less its half of the weights and the reserve; the pool
+    is the sum, in blocks of the whole model (a block's heads are spread over the GPUs)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(total_memory=80 * profile_run.GIB))
+    shape = load_profile_shape()
+    opt = profile_run.Options(shape=shape, out=tmp_path / "p.yaml", box_name="b", gpu_tp=2,
+                              host_kv_gib=1.0)
+    blocks, _, params = profile_run._capacities(opt, torch.device("cuda"))
+    per_gpu = 80 * 0.9 * profile_run.GIB - shape.weight_bytes / 2 \
+        - profile_run.GPU_RESERVE_GIB * profile_run.GIB
+    assert blocks == int(2 * per_gpu // (opt.block_size * shape.kv_bytes_per_token))
+    assert params["gpu_kv_gib"] == round(2 * per_gpu / profile_run.GIB, 2)

@@ -96,6 +96,53 @@ def test_two_tensor_parallel_cpu_ranks_serve_the_reference_tokens(tmp_path, rout
     assert not runtime.cpu_engine.alive
 
 
+@pytest.mark.parametrize("route", [(0, 0), (8, 4)], ids=["fused-assist", "full-cpu"])
+def test_two_tensor_parallel_gpu_ranks_serve_the_reference_tokens(tmp_path, route):
+    """The GPU engine as two ranks (a process for rank 1; Gloo on the CPU device): rounds,
+    stages, Dense Assists, swaps and Prefill-to-CPU copies in lockstep, each rank with its
+    heads of the HBM pool and of the shared host pool; with two CPU ranks as well."""
+    loaded = load_scenario(scenario(tmp_path, ["dualpace"], route_p=route[0], route_f=route[1]))
+    runtime = build_runtime(loaded, "dualpace", "cpu", None, gpu_tp=2, cpu_tp=2,
+                            dtype=torch.float32)
+    assert runtime.gpu.world == 2 and runtime.gpu.shape.n_kv_heads == \
+        loaded.profile.model.n_kv_heads // 2
+    serve_and_check_reference(loaded, runtime, assists=route != (8, 4), dtype=torch.float32)
+    assert runtime.stats.gpu_rounds > 0 and not multiprocessing.active_children()
+
+
+def test_vllm_on_two_tensor_parallel_gpu_ranks_serves_the_reference_tokens(tmp_path):
+    loaded = load_scenario(scenario(tmp_path, ["vllm"]))
+    runtime = build_runtime(loaded, "vllm", "cpu", None, gpu_tp=2, dtype=torch.float32)
+    requests = runtime.serve()
+    model = Model(loaded.profile.model,
+                  ModelWeights.random(loaded.profile.model, seed=0, dtype=torch.float32))
+    for r in requests:
+        ids = runtime.tokens.ids(r.req_id)
+        assert ids[r.prompt_tokens:] == reference_tokens(model, ids[:r.prompt_tokens],
+                                                         r.max_tokens), r.req_id
+    assert not multiprocessing.active_children()
+
+
+def test_a_killed_gpu_rank_ends_the_run_with_a_clear_error(tmp_path):
+    runtime = build_runtime(load_scenario(slow_scenario(tmp_path)), "dualpace", "cpu", None,
+                            gpu_tp=2)
+    pid = runtime.gpu.peers.pids[0]
+
+    def kill_when_busy() -> None:
+        deadline = time.monotonic() + 60
+        while runtime.stats.gpu_rounds < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_when_busy)
+    killer.start()
+    with pytest.raises(EngineFailure, match=r"GPU engine failed: .*GPU rank 1 .*died"):
+        runtime.serve()
+    killer.join()
+    assert not runtime.cpu_engine.alive and _gone(pid)
+    assert not multiprocessing.active_children()
+
+
 def test_run_command_writes_what_the_simulator_writes(tmp_path):
     out = tmp_path / "real"
     path = scenario(tmp_path, ["dualpace", "vllm", "neo"], route_p=0, route_f=0)  # assists

@@ -1,0 +1,368 @@
+"""GPU tensor parallelism in the runtime: one GPU engine spread over N ranks, one GPU each.
+
+Rank 0 is the runtime's own GPU engine thread (`LeadExecutor`): it schedules, as with one GPU,
+and every other rank is a process (`_rank_main`) that runs the same rounds on its shard of the
+weights and of the HBM KV pool (its KV heads), joined over NCCL (Gloo on the CPU device, for
+the tests). The ranks run in lockstep through a pipe per rank that carries rank 0's calls as
+plain data:
+
+    rank 0 -> rank r: ("round", Round) | ("s",) | ("end",) | ("a", kind, layer, rows)
+                      | ("copies",) | ("warm",) | ("stop",)
+    rank r -> rank 0: ("ready", pid) | ("ok", tokens) | ("copies", done) | ("error", message)
+
+A round is sent before rank 0 runs it and each stage is released as rank 0 issues its own, so
+every rank issues the same collectives in the same order, Dense Assists included: rank 0
+decides at each stage boundary whether to serve one, and the other ranks learn it in the same
+stream of messages. At the round's end every rank reports its sampled tokens (the same on
+every rank; checked) after its swaps landed, so the round's migrations are complete on every
+rank when rank 0 reports them to the core.
+
+Migrations and Prefill-to-CPU copies are rank-sharded: the host KV pool is the CPU engine's
+one shared pool, and each rank copies its own KV heads of each page over its own PCIe link
+(`PagedKVPool.heads`). Dense Assist: the other ranks read their heads' columns of the CPU
+batch's attention output from the shared assist buffers and join rank 0's post-attention
+all-reduces; the post-layer is replicated, so only rank 0 runs it and writes the results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import signal
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from dualpace_sim.core.plans import GpuPlan
+from dualpace_sim.costs.shapes import ModelShape
+
+from .cpu_worker import HostShare, WorkerFailed
+from .gpu_executor import Forward, GpuExecutor, Round
+from .kv import PagedKVPool
+from .migrate import CopyHandle
+from .model import Model, ModelWeights
+from .processes import forget, gloo_rendezvous, spawn, stop
+from .shm import SharedArena
+from .tokens import TokenStore
+from .tp import all_reduce, shard_shape, shard_weights
+
+_TIMEOUT = datetime.timedelta(minutes=5)  # a collective that long means a rank is gone
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    shape: ModelShape  # the full model's
+    skeleton: ModelWeights  # the shard's (shape, dtype) in place of each tensor
+    rank: int
+    world: int
+    device: str
+    rendezvous: str
+    gpu_blocks: int
+    block_size: int
+    dtype: torch.dtype
+    host: HostShare | None  # None: vLLM, no host tier
+    cores: tuple[int, ...] | None  # off the CPU engine's cores, as rank 0 keeps
+
+
+def _group(device: torch.device, rank: int, world: int, rendezvous: str) -> None:
+    cuda = device.type == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{rendezvous}",
+                            rank=rank, world_size=world, timeout=_TIMEOUT,
+                            device_id=device if cuda else None)
+
+
+def _rank_main(conn, spec: RankSpec) -> None:
+    """A GPU rank other than 0: build its shard, then run what rank 0 sends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle
+    try:
+        if spec.cores:
+            os.sched_setaffinity(0, spec.cores)
+            torch.set_num_threads(len(spec.cores))
+        device = torch.device(spec.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        _group(device, spec.rank, spec.world, spec.rendezvous)
+        weights = spec.skeleton.map(lambda sd: torch.empty(sd[0], dtype=sd[1], device=device))
+        for t in weights.tensors():
+            dist.recv(t, src=0)
+        shard = shard_shape(spec.shape, spec.world)
+        model = Model(shard, weights, all_reduce())
+        pool = PagedKVPool(shard, spec.gpu_blocks, spec.block_size, device, dtype=spec.dtype)
+        host_pool, block = None, None
+        if spec.host is not None:
+            arena = SharedArena.attach(spec.host.arena)
+            if device.type == "cuda":
+                arena.pin()
+            full = PagedKVPool(spec.shape, spec.host.pool.shape[2], spec.block_size,
+                               dtype=spec.dtype, storage=arena.view(spec.host.pool))
+            host_pool = full.heads(shard, spec.rank)
+            block = spec.host.assist.block(arena)
+        ex = GpuExecutor(model, pool, TokenStore(), host_pool, rank=spec.rank)
+        conn.send(("ready", os.getpid()))
+        _serve(conn, ex, block)
+    except (EOFError, BrokenPipeError):
+        return  # rank 0 is gone
+    except BaseException as e:  # noqa: BLE001 - reported to rank 0
+        with contextlib.suppress(OSError, ValueError):
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+        raise
+
+
+def _serve(conn, ex: GpuExecutor, block) -> None:
+    rnd: Round | None = None
+    fw: Forward | None = None
+    stage = 0
+    while True:
+        msg = conn.recv()
+        what = msg[0]
+        if what == "round":
+            rnd, stage = msg[1], 0
+            fw = ex.forward(rnd) if rnd.flat is not None else None
+            if fw is None:
+                ex.migrate_round(rnd)
+        elif what == "s":
+            fw.stages[stage]()
+            stage += 1
+        elif what == "end":
+            tokens = fw.result() if fw is not None else {}
+            if rnd.has_migrations and ex.swap_handle is not None:
+                ex.swap_handle.wait()
+            conn.send(("ok", tokens))
+            rnd, fw = None, None
+        elif what == "a":
+            _, kind, layer, rows = msg
+            if kind != "lS":  # the post-layer is replicated: rank 0 alone runs it
+                q = ex.shape.q_dim
+                attn = block.attn[:rows, ex.rank * q:(ex.rank + 1) * q].to(ex.device)
+                residual = block.residual[:rows].to(ex.device)
+                ex._post_attn(layer, attn.to(ex.model.w.embed.dtype),
+                              residual.to(ex.model.w.embed.dtype))
+        elif what == "copies":
+            conn.send(("copies", ex.copies_done()))
+        elif what == "warm":
+            ex.warm_kernels()
+        else:
+            return
+
+
+def _split_cores(world: int, cpu_engine_cores: tuple[int, ...] | None
+                 ) -> tuple[tuple[int, ...] | None, list[tuple[int, ...] | None]]:
+    """(rank 0's process's cores, each other rank's): the cores off the CPU engine's, split
+    so that no two GPU ranks' processes share one. Their OpenMP teams must not overlap: a
+    team spinning on another process's cores turns every small CPU copy into milliseconds
+    (on the 2-GPU box every Dense Assist of 8 rows or more took 10-20 ms)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None, [None] * (world - 1)
+    free = sorted(os.sched_getaffinity(0) - set(cpu_engine_cores or ()))
+    if len(free) < world:
+        return None, [None] * (world - 1)
+    per = len(free) // world
+    others = [tuple(free[r * per:(r + 1) * per]) for r in range(1, world)]
+    return tuple(free[:per] + free[world * per:]), others
+
+
+class _Peers:
+    """Rank 0's handle on the other ranks' processes and pipes."""
+
+    def __init__(self, shape: ModelShape, weights: ModelWeights, world: int, device: torch.device,
+                 gpu_blocks: int, block_size: int, dtype: torch.dtype,
+                 host: HostShare | None, cores: list[tuple[int, ...] | None]) -> None:
+        self.procs, self.conns = [], []
+        self.rendezvous = gloo_rendezvous()
+        self.grouped = False
+        cuda = device.type == "cuda"
+        if cuda and torch.cuda.device_count() < world:
+            raise ValueError(f"GPU tensor parallelism {world} needs {world} GPUs; this box has "
+                             f"{torch.cuda.device_count()}")
+        try:
+            # the shards' shapes, from meta tensors: no rank's shard exists twice on rank 0
+            meta = weights.map(lambda t: torch.empty_like(t, device="meta"))
+            for r in range(1, world):
+                skeleton = shard_weights(meta, shape, r, world).map(
+                    lambda t: (tuple(t.shape), t.dtype))
+                spec = RankSpec(shape, skeleton, r, world, f"cuda:{r}" if cuda else "cpu",
+                                self.rendezvous, gpu_blocks, block_size, dtype, host,
+                                cores[r - 1])
+                proc, conn = spawn(_rank_main, spec, f"dualpace-gpu-rank-{r}")
+                self.procs.append(proc)
+                self.conns.append(conn)
+            self._join(device, world)
+            for r in range(1, world):
+                for t in shard_weights(weights, shape, r, world).tensors():
+                    dist.send(t.contiguous(), dst=r)
+            self.pids = [self._recv(i, "ready")[1] for i in range(len(self.conns))]
+        except BaseException:
+            self.close()
+            raise
+
+    def _join(self, device: torch.device, world: int) -> None:
+        """Join the group, watching the other ranks meanwhile: a rank that dies before it
+        joins would leave rank 0 waiting in the rendezvous for the whole timeout."""
+        failure: list[BaseException] = []
+
+        def join() -> None:
+            try:
+                _group(device, 0, world, self.rendezvous)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                failure.append(e)
+
+        joiner = threading.Thread(target=join, daemon=True, name="gpu-rank-0-join")
+        joiner.start()
+        while joiner.is_alive():
+            joiner.join(0.05)
+            for i, conn in enumerate(self.conns):
+                if conn.poll():
+                    self._recv(i, "joined")  # raises with the rank's error
+                if not self.procs[i].is_alive():
+                    self._recv(i, "joined")
+        if failure:
+            raise failure[0]
+        self.grouped = True
+
+    def _recv(self, i: int, expect: str) -> tuple:
+        try:
+            msg = self.conns[i].recv()
+        except (EOFError, OSError) as e:
+            self.procs[i].join(1.0)
+            raise WorkerFailed(f"GPU rank {i + 1} (pid {self.procs[i].pid}) died (exit code "
+                               f"{self.procs[i].exitcode})") from e
+        if msg[0] == "error":
+            raise WorkerFailed(f"GPU rank {i + 1} failed: {msg[1]}")
+        if msg[0] != expect:
+            raise WorkerFailed(f"GPU rank {i + 1} answered {msg[0]!r}, not {expect!r}")
+        return msg
+
+    def send(self, *msg) -> None:
+        for conn in self.conns:
+            conn.send(msg)
+
+    def end(self, tokens: dict[int, int]) -> None:
+        """Close a round: every rank finished it, swaps landed, same tokens as rank 0."""
+        self.send("end")
+        for i in range(len(self.conns)):
+            theirs = self._recv(i, "ok")[1]
+            if theirs != tokens:
+                raise WorkerFailed(f"GPU rank {i + 1} sampled other tokens than rank 0")
+
+    def copies_done(self) -> bool:
+        self.send("copies")
+        return all([self._recv(i, "copies")[1] for i in range(len(self.conns))])
+
+    def dead(self) -> str | None:
+        for i, p in enumerate(self.procs):
+            if not p.is_alive():
+                return f"GPU rank {i + 1} (pid {p.pid}) died (exit code {p.exitcode})"
+        return None
+
+    def close(self) -> None:
+        stop(self.procs, self.conns)
+        self.procs, self.conns = [], []
+        forget(self.rendezvous)
+        if self.grouped:
+            self.grouped = False
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+
+
+class _JointHandle(CopyHandle):
+    """A migration-only round's swaps on every rank: waiting waits for all of them."""
+
+    def __init__(self, local: CopyHandle | None, peers: _Peers) -> None:
+        super().__init__()
+        self.local, self.peers, self.waited = local, peers, False
+
+    def done(self) -> bool:
+        return self.waited
+
+    def wait(self) -> None:
+        if self.local is not None:
+            self.local.wait()
+        if not self.waited:
+            self.peers.end({})
+            self.waited = True
+
+    def block(self, stream: torch.cuda.Stream | None = None) -> None:
+        if self.local is not None:
+            self.local.block(stream)
+
+
+class LeadExecutor(GpuExecutor):
+    """Rank 0 of a tensor-parallel GPU engine: a GpuExecutor over its own shard that sends
+    every round, stage and Dense Assist to the other ranks as it runs its own."""
+
+    def __init__(self, shape: ModelShape, weights: ModelWeights, world: int, gpu_blocks: int,
+                 block_size: int, tokens: TokenStore, dtype: torch.dtype,
+                 host_pool: PagedKVPool | None = None, host: HostShare | None = None,
+                 cpu_engine_cores: tuple[int, ...] | None = None) -> None:
+        """weights: the full model on rank 0's device; each rank gets its shard from it.
+        The other ranks' processes keep off `cpu_engine_cores`, as rank 0's does."""
+        device = weights.embed.device
+        self.host_cores, peer_cores = _split_cores(world, cpu_engine_cores)
+        self.peers = _Peers(shape, weights, world, device, gpu_blocks, block_size, dtype, host,
+                            peer_cores)
+        try:
+            shard = shard_shape(shape, world)
+            model = Model(shard, shard_weights(weights, shape, 0, world), all_reduce())
+            pool = PagedKVPool(shard, gpu_blocks, block_size, device, dtype=dtype)
+            own = host_pool.heads(shard, 0) if host_pool is not None else None
+            super().__init__(model, pool, tokens, own, rank=0)
+        except BaseException:
+            self.peers.close()
+            raise
+        self.world = world
+
+    def forward(self, rnd: Round) -> Forward:
+        self.peers.send("round", rnd)
+        fw = super().forward(rnd)
+        peers = self.peers
+
+        def released(stage):
+            def run() -> None:
+                peers.send("s")
+                stage()
+            return run
+
+        def finish(local=fw._finish) -> dict[int, int]:
+            tokens = local()
+            peers.end(tokens)
+            return tokens
+
+        return Forward([released(s) for s in fw.stages], finish, fw.state, fw.copies,
+                       fw.n_sampled)
+
+    def migrate(self, plan: GpuPlan) -> CopyHandle | None:
+        rnd = self.round_of(plan)
+        if not rnd.has_migrations:
+            return None
+        self.peers.send("round", rnd)
+        self.swap_handle = _JointHandle(self.migrate_round(rnd), self.peers)
+        return self.swap_handle
+
+    def copies_done(self) -> bool:
+        return super().copies_done() and self.peers.copies_done()
+
+    def warm_kernels(self) -> None:
+        self.peers.send("warm")
+        super().warm_kernels()
+
+    def _assist(self, kind: str, layer: int, rows: int) -> None:
+        self.peers.send("a", kind, layer, rows)
+
+    def assist_post_attn(self, layer, attn_out_cpu, residual_cpu, out=None):
+        self._assist("p", layer, attn_out_cpu.shape[0])
+        return super().assist_post_attn(layer, attn_out_cpu, residual_cpu, out)
+
+    def assist_fused_final(self, layer, attn_out_cpu, residual_cpu, out=None):
+        self._assist("lA", layer, attn_out_cpu.shape[0])
+        return super().assist_fused_final(layer, attn_out_cpu, residual_cpu, out)
+
+    def failure(self) -> str | None:
+        """A dead rank, if any (the runtime's watchdog asks: a rank 0 blocked in a
+        collective with a dead peer never returns on its own)."""
+        return self.peers.dead()
+
+    def close(self) -> None:
+        self.peers.close()
