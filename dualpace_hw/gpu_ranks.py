@@ -30,6 +30,7 @@ import contextlib
 import datetime
 import os
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -103,6 +104,7 @@ def _rank_main(conn, spec: RankSpec) -> None:
         ex = GpuExecutor(model, pool, TokenStore(), host_pool, rank=spec.rank)
         conn.send(("ready", os.getpid()))
         _serve(conn, ex, block)
+        _leave_group()  # with rank 0: NCCL's teardown waits for every rank
     except (EOFError, BrokenPipeError):
         return  # rank 0 is gone
     except BaseException as e:  # noqa: BLE001 - reported to rank 0
@@ -162,6 +164,21 @@ def _split_cores(world: int, cpu_engine_cores: tuple[int, ...] | None
     per = len(free) // world
     others = [tuple(free[r * per:(r + 1) * per]) for r in range(1, world)]
     return tuple(free[:per] + free[world * per:]), others
+
+
+def _leave_group(wait_s: float = 30.0) -> bool:
+    """Destroy the process group, giving up after `wait_s`. NCCL's teardown waits for every
+    rank; a rank that exited or hangs would block it for good (rank 0 stuck at the end of a
+    finished run, as seen on the 2-GPU box before every rank left together). True if left."""
+    done = threading.Event()
+
+    def destroy() -> None:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+        done.set()
+
+    threading.Thread(target=destroy, daemon=True, name="leave-group").start()
+    return done.wait(wait_s)
 
 
 class _Peers:
@@ -258,13 +275,21 @@ class _Peers:
         return None
 
     def close(self) -> None:
+        """Every rank leaves the group together (ranks get "stop", then all destroy it), then
+        the processes are stopped (asked, terminated, killed)."""
+        if self.grouped:
+            self.grouped = False
+            if self.dead() is None:
+                for conn in self.conns:
+                    with contextlib.suppress(OSError, ValueError):
+                        conn.send(("stop",))
+            left = _leave_group()
+            if not left:
+                print("warning: the GPU ranks' process group did not shut down in 30 s; "
+                      "leaving it", file=sys.stderr)
         stop(self.procs, self.conns)
         self.procs, self.conns = [], []
         forget(self.rendezvous)
-        if self.grouped:
-            self.grouped = False
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
 
 
 class _JointHandle(CopyHandle):

@@ -143,6 +143,24 @@ def test_a_killed_gpu_rank_ends_the_run_with_a_clear_error(tmp_path):
     assert not multiprocessing.active_children()
 
 
+def test_two_cuda_ranks_serve_both_policies_and_shut_down(tmp_path, device):
+    """On a box with 2 GPUs (DUALPACE_TEST_DEVICE=cuda): NCCL ranks with CUDA graphs serve both
+    policies and leave the process group together. A rank that exits before rank 0 destroys
+    the group leaves rank 0 stuck in NCCL's teardown, as first seen on the 2-GPU box: the
+    time limit turns that into a failure."""
+    if device != "cuda" or torch.cuda.device_count() < 2:
+        pytest.skip("needs DUALPACE_TEST_DEVICE=cuda and 2 GPUs")
+    out = tmp_path / "real"
+    path = scenario(tmp_path, ["vllm", "dualpace"], route_p=0, route_f=0)
+    cmd = [sys.executable, "-c", "from dualpace_hw.cli import main; main()", "run", str(path),
+           "--out", str(out), "--device", "cuda", "--gpu-tp", "2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["policy"] for s in summary] == ["vllm", "dualpace"]
+    assert all(s["completed"] == s["submitted"] == 10 and s["gpu_tp"] == 2 for s in summary)
+
+
 def test_run_command_writes_what_the_simulator_writes(tmp_path):
     out = tmp_path / "real"
     path = scenario(tmp_path, ["dualpace", "vllm", "neo"], route_p=0, route_f=0)  # assists
