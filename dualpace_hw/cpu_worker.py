@@ -43,6 +43,7 @@ from dualpace_sim.core.routing import Route
 from dualpace_sim.costs.shapes import ModelShape
 
 from .cpu_executor import CpuExecutor, CpuStep
+from .hostinfo import rank_cores
 from .kv import PagedKVPool
 from .model import LayerWeights, Model, ModelWeights
 from .packed import pack_model
@@ -329,14 +330,14 @@ class CpuEngineProcess:
             self._parena.pin()
             if tp > 1:
                 self._rendezvous = gloo_rendezvous()
+            ranges = rank_cores(list(self.cores), tp) if self.cores else None
             for rank in range(tp):
-                # contiguous core ranges: on a multi-socket box, a rank stays on one node
-                per = len(self.cores) // tp if self.cores else 0
-                rank_cores = self.cores[rank * per:(rank + 1) * per] if self.cores else None
-                rank_threads = threads or (None if rank_cores or tp == 1
+                # each rank its own cores, within one NUMA node where the box has several
+                mine = ranges[rank] if ranges else None
+                rank_threads = threads or (None if mine or tp == 1
                                            else max(1, (os.cpu_count() or tp) // tp))
                 spec = WorkerSpec(shape, skeleton, self._warena.handle(), self._parena.handle(),
-                                  pool_ref, block_size, assist, rank_threads, rank_cores, pack,
+                                  pool_ref, block_size, assist, rank_threads, mine, pack,
                                   rank, tp, self._rendezvous)
                 self._spawn(spec)
             self.pids = [self._ready(i, start_timeout_s) for i in range(tp)]

@@ -49,6 +49,44 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
+def numa_nodes(root: Path = Path("/sys/devices/system/node")) -> list[set[int]]:
+    """The cores of each NUMA node (one node holding every core where sysfs says nothing)."""
+    nodes = []
+    for d in sorted(root.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
+        try:
+            text = (d / "cpulist").read_text().strip()
+        except OSError:
+            continue
+        cores: set[int] = set()
+        for part in filter(None, text.split(",")):
+            lo, _, hi = part.partition("-")
+            cores.update(range(int(lo), int(hi or lo) + 1))
+        if cores:
+            nodes.append(cores)
+    return nodes or [set(range(os.cpu_count() or 1))]
+
+
+def rank_cores(cores: list[int], world: int, nodes: list[set[int]] | None = None
+               ) -> list[tuple[int, ...]]:
+    """Split `cores` among `world` tensor-parallel ranks, each its own range. Where the cores
+    span several NUMA nodes, ranks are spread over the nodes and no rank straddles two: a
+    rank's weights and activations then stay in its node's memory (first touch), and its
+    threads read them at local bandwidth. Otherwise (one node, or more ranks than nodes can
+    hold whole) consecutive equal ranges."""
+    if world > len(cores):
+        raise ValueError(f"{world} ranks need at least {world} cores, got {len(cores)}")
+    nodes = numa_nodes() if nodes is None else nodes
+    local = [sorted(set(cores) & n) for n in nodes]
+    local = [c for c in local if c]
+    if len(local) > 1 and world % len(local) == 0:
+        per_node = world // len(local)
+        per = min(len(c) for c in local) // per_node
+        if per >= 1:
+            return [tuple(c[i * per:(i + 1) * per]) for c in local for i in range(per_node)]
+    per = len(cores) // world
+    return [tuple(cores[r * per:(r + 1) * per]) for r in range(world)]
+
+
 def onednn_version() -> str | None:
     for line in torch.__config__.show().splitlines():
         if "oneDNN" in line or "MKLDNN" in line:

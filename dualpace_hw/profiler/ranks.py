@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from dualpace_sim.costs.shapes import ModelShape
 
+from ..hostinfo import rank_cores
 from ..kv import PagedKVPool
 from ..model import Model, ModelWeights
 from ..packed import pack_model
@@ -232,7 +233,8 @@ class _Ranks:
 
 
 class CpuRanks(_Ranks):
-    """`world` rank processes on consecutive ranges of `cores`, timing CPU_STAGES."""
+    """`world` rank processes, each on its own range of `cores` (within one NUMA node where the
+    box has several, as the runtime places them), timing CPU_STAGES."""
 
     kind = "CPU"
 
@@ -242,10 +244,9 @@ class CpuRanks(_Ranks):
             raise ValueError(f"{world} CPU ranks need at least {world} cores, got {len(cores)}")
         shard_shape(shape, world)  # the heads must split
         rendezvous = gloo_rendezvous()
-        per = len(cores) // world
+        ranges = rank_cores(cores, world)  # as the runtime places its CPU engine's ranks
         super().__init__([CpuRankSpec(shape, seed, block_size, n_blocks, grids, protocol, rank,
-                                      world, rendezvous,
-                                      tuple(cores[rank * per:(rank + 1) * per]))
+                                      world, rendezvous, ranges[rank])
                           for rank in range(world)], rendezvous)
 
 
