@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 
 from dualpace_sim.core.journal import JOURNAL_FILE
+from dualpace_sim.costs.shapes import ModelShape
 from dualpace_sim.metrics import summarize
 from dualpace_sim.plots import plot_timeline
 from dualpace_sim.records import records_frame, write_records
@@ -22,6 +23,7 @@ from dualpace_sim.trace_events import TraceRecorder, write_trace
 from .cpu_worker import CpuEngineProcess
 from .model import ModelWeights
 from .runtime import DualPaceRuntime, GpuEngine, VllmRuntime
+from .tp import shard_shape
 
 REAL_POLICIES = ("dualpace", "vllm")
 
@@ -48,6 +50,20 @@ def build_runtime(loaded: LoadedScenario, policy: str, device: str, cpu_cores: i
     return DualPaceRuntime(loaded.requests, config, gpu, cpu_engine)
 
 
+def check_split(shape: ModelShape, device: str, cpu_tp: int, gpu_tp: int) -> None:
+    """Refuse a tensor-parallel split the model or the box cannot take, before anything
+    starts, naming the flag."""
+    for flag, n in (("--cpu-tp", cpu_tp), ("--gpu-tp", gpu_tp)):
+        if n > 1:
+            try:
+                shard_shape(shape, n)
+            except ValueError as e:
+                raise ValueError(f"{flag} {n}: {e}; choose a divisor of the head counts") \
+                    from None
+    if device.startswith("cuda") and gpu_tp > torch.cuda.device_count():
+        raise ValueError(f"--gpu-tp {gpu_tp}: this box has {torch.cuda.device_count()} GPU(s)")
+
+
 def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
              cpu_cores: int | None = None, trace_events: Path | None = None,
              cpu_tp: int = 1, gpu_tp: int = 1) -> list[dict]:
@@ -55,6 +71,7 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
     timeline trace, one process per policy, when `trace_events` names a file)."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("no CUDA device: run on a GPU box, or pass --device cpu (tests)")
+    check_split(loaded.profile.model, device, cpu_tp, gpu_tp)
     out.mkdir(parents=True, exist_ok=True)
     frames: dict[str, pd.DataFrame] = {}
     summaries = []

@@ -161,6 +161,17 @@ def test_two_cuda_ranks_serve_both_policies_and_shut_down(tmp_path, device):
     assert all(s["completed"] == s["submitted"] == 10 and s["gpu_tp"] == 2 for s in summary)
 
 
+@pytest.mark.parametrize("flag", ["--gpu-tp", "--cpu-tp"])
+def test_a_split_the_heads_cannot_take_is_refused_naming_the_flag(tmp_path, flag):
+    path = scenario(tmp_path, ["dualpace"])
+    result = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "o"),
+                                      "--device", "cpu", flag, "4"])
+    assert result.exit_code == 2
+    assert f"error: {flag} 4: tiny-llama: n_kv_heads=2 does not split over 4 ranks" in \
+        result.output
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
 def test_run_command_writes_what_the_simulator_writes(tmp_path):
     out = tmp_path / "real"
     path = scenario(tmp_path, ["dualpace", "vllm", "neo"], route_p=0, route_f=0)  # assists
