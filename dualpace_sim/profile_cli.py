@@ -123,7 +123,8 @@ def show(
                f"{m.kv_bytes_per_token / 1024:g} KiB/token")
     cores = f"{box.cpu_cores} cores"
     typer.echo(f"box: {box.name}: {box.gpu_count} x {box.gpu} (TP {box.tensor_parallel}), "
-               f"{box.cpu}" + ("" if cores in box.cpu else f" ({cores})"))
+               f"{box.cpu}" + ("" if cores in box.cpu else f" ({cores})")
+               + (f", CPU TP {box.cpu_tensor_parallel}" if box.cpu_tensor_parallel > 1 else ""))
     typer.echo(f"block_size: {p.block_size} tokens ({cm.kv_block_bytes / 2**20:g} MiB per block)")
     gpu_blocks, host_blocks = p.gpu.kv_capacity_blocks, p.cpu.kv_capacity_blocks
     typer.echo(f"kv capacity: GPU {gpu_blocks} blocks ({_gib(gpu_blocks * cm.kv_block_bytes)}), "
@@ -253,3 +254,37 @@ def compare(
     if a.model.name != b.model.name:
         _fail(f"{second}: model {b.model.name} differs from {first}'s {a.model.name}")
     typer.echo(markdown(a, b, a.provenance.method, b.provenance.method), nl=False)
+
+
+@profile_app.command("list")
+def list_profiles(
+    folders: Annotated[list[Path] | None, typer.Argument(
+        help="folders to search (recursively); default: calibration")] = None,
+) -> None:
+    """Every profile under FOLDERS with its key — box, model, GPU and CPU tensor-parallel
+    degrees — and how it was made (measured or roofline, and when), as a markdown table.
+    Two profiles of one key and method are flagged: a scenario should name one of them."""
+    folders = folders or [Path("calibration")]
+    rows: list[tuple[str, ...]] = []
+    for folder in folders:
+        if not folder.is_dir():
+            _fail(f"{folder}: no such folder")
+        for path in sorted(folder.rglob("*.yaml")):
+            if not path.read_text(errors="replace").lstrip().startswith(
+                    ("format: dualpace-profile/", "# dualpace-profile/")):
+                continue  # a scenario, a hardware spec, a partial checkpoint
+            p = _load(path)
+            rows.append((p.box.name, p.model.name, str(p.box.tensor_parallel),
+                         str(p.box.cpu_tensor_parallel), p.provenance.method,
+                         p.provenance.date, str(path)))
+    if not rows:
+        _fail(f"no profiles under {', '.join(map(str, folders))}")
+    typer.echo("| box | model | GPU TP | CPU TP | method | date | file |")
+    typer.echo("|---|---|---|---|---|---|---|")
+    for row in sorted(rows):
+        typer.echo("| " + " | ".join(row) + " |")
+    keys = [row[:5] for row in rows]
+    for key in sorted({k for k in keys if keys.count(k) > 1}):
+        files = ", ".join(r[6] for r in rows if r[:5] == key)
+        typer.echo(f"note: {key[0]} / {key[1]} (GPU TP {key[2]}, CPU TP {key[3]}, {key[4]}) "
+                   f"has several profiles: {files}")

@@ -133,3 +133,32 @@ def test_missing_file(tmp_path):
     result = runner.invoke(profile_app, ["fit", str(path)])
     assert result.exit_code == 2
     assert result.stderr.strip() == f"error: {path}: no such profile file"
+
+
+def test_list_keys_every_profile_by_box_model_and_splits(tmp_path):
+    """The committed calibration/ as users see it: the 2-GPU measured profile keyed GPU TP 2,
+    the two-rank CPU roofline keyed CPU TP 2; scenarios and specs beside them are skipped, and
+    two profiles of one key and method are flagged."""
+    root = RTX4090_LLAMA.parents[2]  # calibration/
+    result = runner.invoke(profile_app, ["list", str(root)])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == "| box | model | GPU TP | CPU TP | method | date | file |"
+    row = {tuple(c.strip() for c in line.strip("|").split("|")[:5]) for line in lines[2:]}
+    assert ("h200x2-xeon32", "qwen3-14b", "2", "1", "measured") in row
+    assert ("rtx4090-xeon4510-2x12c", "llama-3.1-8b", "1", "2", "roofline") in row
+    assert "note:" not in result.stdout
+    shutil.copy(RTX4090_LLAMA, tmp_path / "a.yaml")
+    shutil.copy(RTX4090_LLAMA, tmp_path / "b.yaml")
+    (tmp_path / "scenario.yaml").write_text("name: not-a-profile\n")
+    result = runner.invoke(profile_app, ["list", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.splitlines()) == 2 + 2 + 1
+    assert "has several profiles:" in result.stdout
+
+
+def test_list_fails_clearly_on_a_missing_or_empty_folder(tmp_path):
+    result = runner.invoke(profile_app, ["list", str(tmp_path / "nope")])
+    assert result.exit_code == 2 and "no such folder" in result.output
+    result = runner.invoke(profile_app, ["list", str(tmp_path)])
+    assert result.exit_code == 2 and "no profiles under" in result.output
