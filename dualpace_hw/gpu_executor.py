@@ -123,6 +123,18 @@ class Forward:
         """Sampled token per request (decodes and completing chunks); syncs with the GPU."""
         return self._finish()
 
+    def wrapped(self, stage: Callable[[Callable[[], None]], Callable[[], None]],
+                finish: Callable[[dict[int, int]], None]) -> Forward:
+        """The same forward with each stage passed through `stage` and `finish` called on the
+        result (a tensor-parallel rank 0 releases the other ranks' stages and checks them)."""
+        def done() -> dict[int, int]:
+            tokens = self._finish()
+            finish(tokens)
+            return tokens
+
+        return Forward([stage(s) for s in self.stages], done, self.state, self.copies,
+                       self.n_sampled)
+
     @property
     def logits(self) -> torch.Tensor:
         """[sampled rows, V] fp32 logits, in the order of `result()`."""
@@ -624,6 +636,12 @@ class GpuExecutor:
         attn = self._stage_in("attn", self._own_heads(attn_out_cpu))
         res = self._stage_in("residual", residual_cpu)
         return self._stage_out("hidden", self._post_attn(layer, attn, res), out)
+
+    def join_assist(self, layer: int, attn: torch.Tensor, residual: torch.Tensor) -> None:
+        """A tensor-parallel rank's part of rank 0's Dense Assist: the post-attention stage on
+        its heads' columns `attn` (its all-reduces are rank 0's too); rank 0 keeps the result."""
+        dt = self.model.w.embed.dtype
+        self._post_attn(layer, attn.to(self.device, dt), residual.to(self.device, dt))
 
     def assist_post_layer(self, hidden_cpu: torch.Tensor,
                           out: torch.Tensor | None = None) -> torch.Tensor:

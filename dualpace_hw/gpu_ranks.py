@@ -32,6 +32,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -138,10 +139,8 @@ def _serve(conn, ex: GpuExecutor, block) -> None:
             _, kind, layer, rows = msg
             if kind != "lS":  # the post-layer is replicated: rank 0 alone runs it
                 q = ex.shape.q_dim
-                attn = block.attn[:rows, ex.rank * q:(ex.rank + 1) * q].to(ex.device)
-                residual = block.residual[:rows].to(ex.device)
-                ex._post_attn(layer, attn.to(ex.model.w.embed.dtype),
-                              residual.to(ex.model.w.embed.dtype))
+                ex.join_assist(layer, block.attn[:rows, ex.rank * q:(ex.rank + 1) * q],
+                               block.residual[:rows])
         elif what == "copies":
             conn.send(("copies", ex.copies_done()))
         elif what == "warm":
@@ -341,22 +340,15 @@ class LeadExecutor(GpuExecutor):
 
     def forward(self, rnd: Round) -> Forward:
         self.peers.send("round", rnd)
-        fw = super().forward(rnd)
         peers = self.peers
 
-        def released(stage):
+        def released(stage: Callable[[], None]) -> Callable[[], None]:
             def run() -> None:
                 peers.send("s")
                 stage()
             return run
 
-        def finish(local=fw._finish) -> dict[int, int]:
-            tokens = local()
-            peers.end(tokens)
-            return tokens
-
-        return Forward([released(s) for s in fw.stages], finish, fw.state, fw.copies,
-                       fw.n_sampled)
+        return super().forward(rnd).wrapped(released, peers.end)
 
     def migrate(self, plan: GpuPlan) -> CopyHandle | None:
         rnd = self.round_of(plan)
