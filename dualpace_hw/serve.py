@@ -87,6 +87,9 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
             print(f"dualpace: CPU engine process {engine.pid} on "
                   f"{'cores ' + str(list(engine.cores)) if engine.cores else 'all cores'}{ranks}",
                   flush=True)
+        if gpu_tp > 1:
+            print(f"{policy}: GPU engine on {gpu_tp} tensor-parallel ranks (rank 0 here, ranks "
+                  f"1.. in processes {runtime.gpu.peers.pids})", flush=True)
         if trace_events is not None:
             runtime.trace = TraceRecorder(f"{loaded.spec.name}: {policy} (real)")
             traces.append(runtime.trace)

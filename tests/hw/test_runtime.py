@@ -159,6 +159,7 @@ def test_two_cuda_ranks_serve_both_policies_and_shut_down(tmp_path, device):
     summary = json.loads((out / "summary.json").read_text())
     assert [s["policy"] for s in summary] == ["vllm", "dualpace"]
     assert all(s["completed"] == s["submitted"] == 10 and s["gpu_tp"] == 2 for s in summary)
+    assert "vllm: GPU engine on 2 tensor-parallel ranks" in done.stdout
 
 
 @pytest.mark.parametrize("flag", ["--gpu-tp", "--cpu-tp"])
