@@ -143,17 +143,18 @@ def test_a_killed_gpu_rank_ends_the_run_with_a_clear_error(tmp_path):
     assert not multiprocessing.active_children()
 
 
-def test_two_cuda_ranks_serve_both_policies_and_shut_down(tmp_path, device):
-    """On a box with 2 GPUs (DUALPACE_TEST_DEVICE=cuda): NCCL ranks with CUDA graphs serve both
-    policies and leave the process group together. A rank that exits before rank 0 destroys
-    the group leaves rank 0 stuck in NCCL's teardown, as first seen on the 2-GPU box: the
-    time limit turns that into a failure."""
-    if device != "cuda" or torch.cuda.device_count() < 2:
-        pytest.skip("needs DUALPACE_TEST_DEVICE=cuda and 2 GPUs")
+def test_two_gpu_ranks_serve_both_policies_through_the_cli_and_shut_down(tmp_path, device):
+    """Both policies one after the other in one process (the group made, left and made again),
+    on Gloo ranks in CI and on NCCL ranks with CUDA graphs on a 2-GPU box
+    (DUALPACE_TEST_DEVICE=cuda). There, a rank that exits before rank 0 destroys the group
+    leaves rank 0 stuck in NCCL's teardown, as first seen on the box: the time limit turns that
+    into a failure."""
+    if device == "cuda" and torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
     out = tmp_path / "real"
     path = scenario(tmp_path, ["vllm", "dualpace"], route_p=0, route_f=0)
     cmd = [sys.executable, "-c", "from dualpace_hw.cli import main; main()", "run", str(path),
-           "--out", str(out), "--device", "cuda", "--gpu-tp", "2"]
+           "--out", str(out), "--device", device, "--gpu-tp", "2"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
