@@ -15,7 +15,6 @@ through fresh schedulers and must reproduce every plan.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import threading
@@ -54,6 +53,7 @@ from .gpu_executor import GpuExecutor
 from .gpu_ranks import LeadExecutor
 from .kv import PagedKVPool
 from .model import Model, ModelWeights
+from .processes import on_cores
 from .tokens import TokenStore
 
 
@@ -111,23 +111,6 @@ class GpuEngine:
                             self.block_size, tokens, self.dtype, host_pool,
                             cpu_engine.share if cpu_engine is not None else None,
                             cpu_engine.cores if cpu_engine is not None else None)
-
-
-@contextlib.contextmanager
-def _host_cores(cores: set[int] | None):
-    """Run this process on `cores` with as many OpenMP threads (none given: leave it be): a
-    team of 16 on 2 cores turns every small CPU copy into a time-slicing stall."""
-    if not cores:
-        yield
-        return
-    affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
-    os.sched_setaffinity(0, cores)
-    torch.set_num_threads(len(cores))
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, affinity)
-        torch.set_num_threads(threads)
 
 
 class EngineFailure(RuntimeError):
@@ -352,7 +335,7 @@ class DualPaceRuntime(_Engines):
     def serve(self) -> list[Request]:
         cores = self.cpu_engine.cores
         try:
-            with _host_cores(self._own_cores(set(cores) if cores else None)):
+            with on_cores(self._own_cores(set(cores) if cores else None)):
                 return self.run({"GPU": self._gpu_loop, "CPU": self._cpu_loop},
                                 self.state.submit, lambda: self.state.finished)
         finally:
@@ -498,7 +481,7 @@ class VllmRuntime(_Engines):
 
     def serve(self) -> list[Request]:
         try:
-            with _host_cores(self._own_cores(None)):
+            with on_cores(self._own_cores(None)):
                 return self.run({"GPU": self._loop}, self.sched.submit,
                                 lambda: self.sched.finished)
         finally:

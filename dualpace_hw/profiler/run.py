@@ -19,8 +19,10 @@ from dualpace_sim.costs.profile import Profile
 from dualpace_sim.costs.shapes import ModelShape
 
 from .. import hostinfo as box
+from ..processes import on_cores
 from ..tp import shard_shape
 from .grids import Grids
+from .load import cpu_engine_load
 from .measure import Measurer
 from .ranks import CPU_STAGES, GPU_STAGES, CpuRanks, GpuRanks
 from .timing import Protocol, Timer
@@ -161,6 +163,7 @@ def _start_ranks(opt: Options, m: Measurer, grids: Grids, protocol: Protocol, th
 def run_profile(opt: Options) -> Profile:
     gpu_device = _device(opt.gpu_device)
     _check_gpu_tp(opt, gpu_device)
+    box_cores = sorted(os.sched_getaffinity(0))
     threads = _threads(opt.cpu_cores)
     if not box.has_amx():
         print("note: this CPU has no AMX; profiling its AVX-512 path (the profile says amx: "
@@ -213,8 +216,12 @@ def run_profile(opt: Options) -> Profile:
         launch = point("neo.launch_s", m.neo_launch_s)
         overhead = point("iteration_overhead_s", m.iteration_overhead)
         eager = point("gpu.eager_layer_s", gpu.eager_layer)
-    profile = _assemble(opt, m, values, waits, link, poll, launch, overhead, eager, threads,
-                        protocol)
+        beside = None
+        if opt.gpu_tp == 1:
+            beside = point("gpu.eager_layer_beside_cpu_s",
+                           lambda: _eager_beside_cpu(opt, m, box_cores, threads))
+    profile = _assemble(opt, m, values, waits, link, poll, launch, overhead, eager, beside,
+                        threads, protocol)
     profile.save(opt.out)
     result = fit_controls(profile)
     fitted = with_controls(profile, result)
@@ -227,6 +234,16 @@ def run_profile(opt: Options) -> Profile:
         print(f"note: fit plots skipped ({e})")
     ckpt.path.unlink(missing_ok=True)
     return fitted
+
+
+def _eager_beside_cpu(opt: Options, m: Measurer, box_cores: list[int], threads: int) -> float:
+    """The eager layer timed as DualPace's GPU engine runs it: on the cores `dualpace-hw run
+    --cpu-cores` leaves it (all of them where none are left), beside a stand-in CPU engine
+    decoding on the profiled CPU cores."""
+    engine_cores = box_cores[:threads]
+    with cpu_engine_load(opt.shape, opt.seed, opt.block_size, engine_cores), \
+            on_cores(box_cores[threads:] or box_cores):
+        return m.eager_layer()
 
 
 def _capacities(opt: Options, gpu_device: torch.device) -> tuple[int, int, dict]:
@@ -254,7 +271,7 @@ def _capacities(opt: Options, gpu_device: torch.device) -> tuple[int, int, dict]
 
 
 def _assemble(opt: Options, m: Measurer, v: dict, waits: dict, link: dict, poll: float,
-              launch: float, overhead: float, eager: float, threads: int,
+              launch: float, overhead: float, eager: float, beside: float | None, threads: int,
               protocol: Protocol) -> Profile:
     gpu_blocks, host_blocks, params = _capacities(opt, m.gpu_device)
     prov = box.provenance(m.gpu_device, threads, opt.command, dt.date.today().isoformat())
@@ -268,7 +285,10 @@ def _assemble(opt: Options, m: Measurer, v: dict, waits: dict, link: dict, poll:
         "overhead of an assist call (wall minus CUDA time); the runtime's shared-memory "
         "handshake is not included. Iteration overheads (both engines) = the GPU executor "
         "building a 64-request decode batch. gpu.eager_layer_s = one layer of a small mixed "
-        "batch run eagerly, back to back (the host's launch floor of prefill rounds)."
+        "batch run eagerly, back to back (the host's launch floor of prefill rounds); "
+        "gpu.eager_layer_beside_cpu_s = the same on the cores the CPU engine leaves, beside a "
+        "stand-in CPU engine decoding on the profiled cores (DualPace's floor; not measured "
+        "under GPU tensor parallelism)."
         + (f" GPU tensor parallel over {opt.gpu_tp} ranks: every GPU table, the assists and "
            "the eager layer were timed on all ranks at once, each with its shard of the layer "
            "(all-reduces included), keeping the slowest rank's time (rank-critical); the link "
@@ -286,6 +306,7 @@ def _assemble(opt: Options, m: Measurer, v: dict, waits: dict, link: dict, poll:
         "block_size": opt.block_size,
         "gpu": {k.split(".", 1)[1]: t for k, t in v.items() if k.startswith("gpu.")}
         | {"iteration_overhead_s": overhead, "eager_layer_s": eager,
+           "eager_layer_beside_cpu_s": beside,
            "kv_capacity_blocks": gpu_blocks},
         "cpu": {k.split(".", 1)[1]: t for k, t in v.items() if k.startswith("cpu.")}
         | {"iteration_overhead_s": overhead, "kv_capacity_blocks": host_blocks},

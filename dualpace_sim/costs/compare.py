@@ -60,8 +60,9 @@ def compare(first: Profile, second: Profile) -> list[TableComparison]:
     return rows
 
 
-def scalar_comparison(first: Profile, second: Profile) -> list[tuple[str, float, float]]:
-    """(name, first, second) for the profile's scalar quantities."""
+def scalar_comparison(first: Profile, second: Profile
+                      ) -> list[tuple[str, float | None, float | None]]:
+    """(name, first, second) for the profile's scalar quantities (None: not measured)."""
     out = [
         ("link.h2d_bytes_per_s", first.link.h2d_bytes_per_s, second.link.h2d_bytes_per_s),
         ("link.d2h_bytes_per_s", first.link.d2h_bytes_per_s, second.link.d2h_bytes_per_s),
@@ -72,11 +73,17 @@ def scalar_comparison(first: Profile, second: Profile) -> list[tuple[str, float,
         ("gpu.iteration_overhead_s", first.gpu.iteration_overhead_s,
          second.gpu.iteration_overhead_s),
         ("gpu.eager_layer_s", first.gpu.eager_layer_s, second.gpu.eager_layer_s),
+        ("gpu.eager_layer_beside_cpu_s", first.gpu.eager_layer_beside_cpu_s,
+         second.gpu.eager_layer_beside_cpu_s),
         ("gpu.kv_capacity_blocks", first.gpu.kv_capacity_blocks, second.gpu.kv_capacity_blocks),
         ("cpu.kv_capacity_blocks", first.cpu.kv_capacity_blocks, second.cpu.kv_capacity_blocks),
         ("neo.launch_s", first.neo.launch_s, second.neo.launch_s),
     ]
     return out
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
 
 
 def markdown(first: Profile, second: Profile, first_name: str, second_name: str) -> str:
@@ -89,5 +96,6 @@ def markdown(first: Profile, second: Profile, first_name: str, second_name: str)
     lines += [f"| {r.table} | {r.points} | {r.median_ratio:.2f} | {r.min_ratio:.2f} | "
               f"{r.max_ratio:.2f} | {r.worst_at} |" for r in rows]
     lines += ["", f"| scalar | {first_name} | {second_name} |", "|---|---|---|"]
-    lines += [f"| {n} | {a:.4g} | {b:.4g} |" for n, a, b in scalar_comparison(first, second)]
+    lines += [f"| {n} | {_fmt(a)} | {_fmt(b)} |" for n, a, b in scalar_comparison(first, second)
+              if (a, b) != (None, None)]
     return "\n".join(lines) + "\n"

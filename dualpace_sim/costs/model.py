@@ -146,6 +146,8 @@ class CostModel:
         self.kv_block_bytes = self.kv_block_bytes_per_layer * shape.n_layers
         self.gpu_iteration_overhead = profile.gpu.iteration_overhead_s
         self.gpu_eager_layer = profile.gpu.eager_layer_s
+        beside = profile.gpu.eager_layer_beside_cpu_s
+        self.gpu_eager_layer_beside_cpu = self.gpu_eager_layer if beside is None else beside
         self.cpu_iteration_overhead = profile.cpu.iteration_overhead_s
         self.poll_s = profile.assist.poll_s
         self.neo_launch_s = profile.neo.launch_s
@@ -185,12 +187,15 @@ class CostModel:
         prefills: Sequence[tuple[int, int]],
         n_decodes: int,
         decode_context: int,
+        beside_cpu: bool = False,
     ) -> float:
         """One transformer layer of a GPU-main batch.
 
         ``n_tokens`` counts every row of the batch (prefill chunk tokens + one per decode);
         ``prefills`` holds ``(chunk_tokens, context_tokens_after_the_chunk)`` per prefill;
         ``decode_context`` is the TOTAL context tokens of the ``n_decodes`` decodes.
+        ``beside_cpu``: the GPU engine's host shares the box with a CPU engine (DualPace), so
+        an eager batch's floor is the one measured that way.
         """
         if n_tokens <= 0:
             return 0.0
@@ -200,7 +205,7 @@ class CostModel:
         if n_decodes:
             t += self._g_decode_attn(n_decodes, decode_context)
         if prefills:  # run eagerly (decode-only batches replay graphs): the host may lag
-            t = max(t, self.gpu_eager_layer)
+            t = max(t, self.gpu_eager_layer_beside_cpu if beside_cpu else self.gpu_eager_layer)
         return t
 
     def gpu_linear(self, n_tokens: int) -> float:

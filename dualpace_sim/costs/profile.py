@@ -167,6 +167,11 @@ class GpuCosts(StrictModel):
         description="host time to issue one layer's kernels without CUDA graphs: a batch "
                     "with prefill chunks runs eagerly, so its layers take at least this long "
                     "(the stage tables are graph-replayed GPU times); 0 = no floor")
+    eager_layer_beside_cpu_s: NonNegativeFloat | None = Field(
+        default=None,
+        description="the same floor with the GPU engine's host on the cores the CPU engine "
+                    "leaves while the CPU engine decodes on its own (as DualPace runs them); "
+                    "none = eager_layer_s")
     kv_capacity_blocks: NonNegativeInt = Field(
         description="HBM KV capacity in blocks of `block_size` tokens")
 
@@ -360,7 +365,8 @@ _PER_LAYER_TABLES = (
 )
 _WHOLE_MODEL_TABLES = ("gpu.pre_layer", "gpu.post_layer", "cpu.pre_layer", "cpu.post_layer")
 _CONSTANTS = (
-    "gpu.iteration_overhead_s", "gpu.eager_layer_s", "cpu.iteration_overhead_s", "assist.q.p",
+    "gpu.iteration_overhead_s", "gpu.eager_layer_s", "gpu.eager_layer_beside_cpu_s",
+    "cpu.iteration_overhead_s", "assist.q.p",
     "assist.q.lA", "assist.q.lS", "assist.o.p", "assist.o.lA", "assist.o.lS", "assist.poll_s",
     "link.latency_s", "neo.launch_s",
 )
@@ -411,7 +417,7 @@ def magnitude_problems(profile: Profile) -> list[str]:
         check_table(name, WHOLE_MODEL_MAX_S, WHOLE_MODEL_FIRST_MAX_S, "a whole-model stage")
     for name in _CONSTANTS:
         value = _get(profile, name)
-        if value > CONSTANT_MAX_S:
+        if value is not None and value > CONSTANT_MAX_S:
             problems.append(f"{name}: {value:g} is implausible (over {CONSTANT_MAX_S:g} s); "
                             "expected seconds (is it in milliseconds?)")
     for name in ("link.h2d_bytes_per_s", "link.d2h_bytes_per_s"):

@@ -30,6 +30,10 @@ _ASSIST_NAMES = {"p": "assist p", "lA": "assist lA", "lS": "assist lS"}  # trace
 
 
 class DualPaceNode(Node):
+    # The CPU engine decodes on the other cores all along (its threads spin between steps),
+    # so eager GPU rounds take the floor measured beside it.
+    gpu_beside_cpu = True
+
     def __init__(
         self,
         specs: Sequence,

@@ -65,6 +65,8 @@ class Node:
     assists on it; without one (the default) every recording site costs one `is None` test.
     """
 
+    gpu_beside_cpu = False  # whether the GPU engine's host shares the box with a CPU engine
+
     def __init__(
         self,
         specs: Sequence,
@@ -164,7 +166,8 @@ class Node:
         chunks = [(c.tokens, c.start + c.tokens) for c in plan.prefills]
         n_tokens = plan.n_tokens
         pre = cost.gpu_pre_layer(n_tokens)
-        layer = cost.gpu_layer(n_tokens, chunks, len(plan.decodes), plan.decode_context)
+        layer = cost.gpu_layer(n_tokens, chunks, len(plan.decodes), plan.decode_context,
+                               beside_cpu=self.gpu_beside_cpu)
         post = cost.gpu_post_layer(plan.n_sampled) + cost.gpu_iteration_overhead
         return pre, layer, post
 

@@ -138,6 +138,20 @@ def test_eager_floor_binds_only_batches_with_prefill_chunks(cm):
     assert big > floor and eager.gpu_layer(60_000, [(60_000, 60_000)], 0, 0) == big
 
 
+def test_the_floor_beside_a_cpu_engine_applies_only_where_one_runs(cm):
+    """DualPace's GPU engine shares the box with the CPU engine: its eager floor is the one the
+    profiler measured beside it; without that measurement, the plain floor."""
+    profile = cm.profile.model_copy(deep=True)
+    floor = 10 * cm.gpu_layer(40, [(8, 8)], 32, 32 * 100)
+    profile.gpu.eager_layer_s = floor
+    assert CostModel(profile).gpu_layer(40, [(8, 8)], 32, 3200, beside_cpu=True) == floor
+    profile.gpu.eager_layer_beside_cpu_s = 2 * floor
+    both = CostModel(profile)
+    assert both.gpu_layer(40, [(8, 8)], 32, 3200, beside_cpu=True) == 2 * floor
+    assert both.gpu_layer(40, [(8, 8)], 32, 3200) == floor
+    assert both.gpu_layer(32, [], 32, 3200, beside_cpu=True) == cm.gpu_layer(32, [], 32, 3200)
+
+
 def test_gpu_forward(cm):
     prefills = [(100, 100)]
     forward = cm.gpu_forward(132, prefills, 32, 32 * 500)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 import torch
@@ -56,7 +57,35 @@ def test_quick_profile_has_provenance_fits_and_plots(quick_profile):
     z = profile.gpu.decode_attn.z
     assert len(z) == 3 and all(len(row) == 3 for row in z)
     assert min(profile.cpu.post_layer.y) > 0 and min(profile.assist.g_p.y) > 0
+    # the eager floor measured again beside a stand-in CPU engine, as DualPace runs it
+    assert profile.gpu.eager_layer_beside_cpu_s > 0 and profile.gpu.eager_layer_s > 0
+    assert "gpu.eager_layer_beside_cpu_s" in prov.notes
     check_magnitudes(profile, str(out))
+
+
+def test_the_cpu_engine_load_runs_on_its_cores_until_the_block_ends():
+    """The stand-in CPU engine decodes in a process of its own, pinned to the cores given, and
+    is gone when the block ends."""
+    import multiprocessing
+
+    from dualpace_hw.profiler.load import cpu_engine_load
+    from dualpace_sim.costs.shapes import ModelShape
+
+    core = sorted(os.sched_getaffinity(0))[:1]
+    with cpu_engine_load(ModelShape.from_name("tiny-llama"), 0, 16, core):
+        (child,) = multiprocessing.active_children()
+        assert os.sched_getaffinity(child.pid) == set(core)
+        ticks = _cpu_ticks(child.pid)
+        time.sleep(0.5)
+        assert _cpu_ticks(child.pid) > ticks, "the load is decoding"
+    assert not multiprocessing.active_children()
+
+
+def _cpu_ticks(pid: int) -> int:
+    """The process's CPU time so far, in clock ticks (utime + stime from /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(") ", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
 
 
 def test_quick_profile_drives_the_simulator(quick_profile, tmp_path):
@@ -181,6 +210,7 @@ def test_gpu_tensor_parallel_profile_times_every_gpu_measurement_on_the_ranks(tm
                          | {"GPU:gpu.eager_layer_s", "GPU:assist", "GPU:link"}
                          | {f"CPU:{s}" for s in ranks_module.CPU_STAGES})
     assert min(profile.gpu.post_attn.y) > 0 and min(profile.assist.g_lA.y) > 0
+    assert profile.gpu.eager_layer_beside_cpu_s is None  # not measured on GPU ranks
     check_magnitudes(profile, str(out))
 
 

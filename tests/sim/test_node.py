@@ -27,3 +27,26 @@ def test_a_trace_recorder_changes_nothing_in_the_simulation(write_scenario):
         assert [r.token_times for r in traced.requests] == [r.token_times for r in
                                                              plain.requests], policy
         assert trace.events(1), policy  # it did record
+
+
+def test_only_dualpace_takes_the_eager_floor_measured_beside_a_cpu_engine(write_scenario):
+    """A profile whose floor beside the CPU engine is far above its plain floor slows DualPace's
+    prefill rounds (its GPU engine shares the box with the CPU engine) and no one else's."""
+    from dualpace_sim.costs import CostModel
+
+    loaded = load_scenario(write_scenario(
+        policies=["dualpace", "vllm"], workload={"num_requests": 60},
+        vllm={"max_num_batched_tokens": 2048, "max_num_seqs": 256}))
+    profile = loaded.cost.profile.model_copy(deep=True)
+    profile.gpu.eager_layer_s = 1e-4
+    plain = CostModel(profile)
+    profile.gpu.eager_layer_beside_cpu_s = 5e-3
+    beside = CostModel(profile)
+
+    def run(policy: str, cost: CostModel):
+        node = make_node(loaded.requests, cost, loaded.policy_config(policy), loaded.neo_launch_s)
+        return node.run()
+
+    assert run("dualpace", beside).stats.gpu_busy_s > 1.1 * run("dualpace", plain).stats.gpu_busy_s
+    vllm = run("vllm", beside), run("vllm", plain)
+    assert asdict(vllm[0].stats) == asdict(vllm[1].stats)
