@@ -373,11 +373,15 @@ class LeadExecutor(GpuExecutor):
     def _assist(self, kind: str, layer: int, rows: int) -> None:
         self.peers.send("a", kind, layer, rows)
 
-    def assist_post_attn(self, layer, attn_out_cpu, residual_cpu, out=None):
+    def assist_post_attn(self, layer: int, attn_out_cpu: torch.Tensor,
+                         residual_cpu: torch.Tensor, out: torch.Tensor | None = None
+                         ) -> torch.Tensor:
         self._assist("p", layer, attn_out_cpu.shape[0])
         return super().assist_post_attn(layer, attn_out_cpu, residual_cpu, out)
 
-    def assist_fused_final(self, layer, attn_out_cpu, residual_cpu, out=None):
+    def assist_fused_final(self, layer: int, attn_out_cpu: torch.Tensor,
+                           residual_cpu: torch.Tensor, out: torch.Tensor | None = None
+                           ) -> torch.Tensor:
         self._assist("lA", layer, attn_out_cpu.shape[0])
         return super().assist_fused_final(layer, attn_out_cpu, residual_cpu, out)
 
