@@ -218,14 +218,20 @@ def test_format_table_is_aligned():
     assert len(ends) == 1  # numbers right-aligned to the same column
 
 
+def set_in_summary(real, key: str, value) -> list[dict]:
+    """Set `key` in every policy's summary of the real run; returns the summaries."""
+    summary = json.loads((real / "summary.json").read_text())
+    for s in summary:
+        s[key] = value
+    (real / "summary.json").write_text(json.dumps(summary))
+    return summary
+
+
 def test_a_cpu_split_other_than_the_profiles_is_a_note(real_run):
     """A real run with the CPU engine as 2 tensor-parallel ranks, checked against a profile of
     one: its CPU costs are another engine's, and validate says so."""
     scenario, real = real_run
-    summary = json.loads((real / "summary.json").read_text())
-    for s in summary:
-        s["cpu_tp"] = 2
-    (real / "summary.json").write_text(json.dumps(summary))
+    set_in_summary(real, "cpu_tp", 2)
     result = validate(real, scenario)
     tp_notes = [n for n in result.notes if "tensor-parallel" in n]
     assert len(tp_notes) == 1
@@ -236,10 +242,7 @@ def test_a_gpu_split_other_than_the_profiles_is_a_note(real_run):
     """A real run on 2 tensor-parallel GPUs checked against a one-GPU profile: noted for every
     policy, naming the flag that profiles the box the same way."""
     scenario, real = real_run
-    summary = json.loads((real / "summary.json").read_text())
-    for s in summary:
-        s["gpu_tp"] = 2
-    (real / "summary.json").write_text(json.dumps(summary))
+    summary = set_in_summary(real, "gpu_tp", 2)
     result = validate(real, scenario)
     notes = [n for n in result.notes if "tensor-parallel GPU" in n]
     assert len(notes) == len(summary)

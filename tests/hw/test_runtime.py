@@ -127,15 +127,7 @@ def test_a_killed_gpu_rank_ends_the_run_with_a_clear_error(tmp_path):
     runtime = build_runtime(load_scenario(slow_scenario(tmp_path)), "dualpace", "cpu", None,
                             gpu_tp=2)
     pid = runtime.gpu.peers.pids[0]
-
-    def kill_when_busy() -> None:
-        deadline = time.monotonic() + 60
-        while runtime.stats.gpu_rounds < 5 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        os.kill(pid, signal.SIGKILL)
-
-    killer = threading.Thread(target=kill_when_busy)
-    killer.start()
+    killer = kill_when(pid, lambda: runtime.stats.gpu_rounds >= 5)
     with pytest.raises(EngineFailure, match=r"GPU engine failed: .*GPU rank 1 .*died"):
         runtime.serve()
     killer.join()
@@ -263,6 +255,20 @@ def slow_scenario(tmp_path, policies=("dualpace",)):
     return path
 
 
+def kill_when(pid: int, busy) -> threading.Thread:
+    """A started thread that SIGKILLs `pid` once `busy()` holds (or after 60 s)."""
+
+    def kill() -> None:
+        deadline = time.monotonic() + 60
+        while not busy() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill)
+    killer.start()
+    return killer
+
+
 def _gone(pid: int) -> bool:
     """No such process, or only a zombie (it exited; its parent has not reaped it yet)."""
     try:
@@ -275,15 +281,7 @@ def _gone(pid: int) -> bool:
 def test_a_killed_cpu_worker_ends_the_run_with_a_clear_error(tmp_path):
     runtime = build_runtime(load_scenario(slow_scenario(tmp_path)), "dualpace", "cpu", None)
     pid = runtime.cpu_engine.pid
-
-    def kill_when_busy() -> None:
-        deadline = time.monotonic() + 60
-        while runtime.stats.cpu_rounds < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        os.kill(pid, signal.SIGKILL)
-
-    killer = threading.Thread(target=kill_when_busy)
-    killer.start()
+    killer = kill_when(pid, lambda: runtime.stats.cpu_rounds >= 3)
     with pytest.raises(EngineFailure, match=r"CPU engine failed: .*process \(pid \d+\) died "
                                             r"\(killed by SIGKILL\)"):
         runtime.serve()
