@@ -450,8 +450,9 @@ class Migrator:
             sl = slots.cpu().pin_memory().to(dev, non_blocking=True)
             heads = torch.arange(kvh, device=dev, dtype=torch.int64)
             blk, off = sl // bs, sl % bs
-            base = ((layer * 2 + torch.arange(2, device=dev))[:, None] * self.host.n_blocks
-                    + blk[None, :]) * self.chunk  # [2, T]
+            s0, s1, s2 = h.stride()[:3]  # a head-sliced pool's pages are a full page apart
+            base = (layer * s0 + torch.arange(2, device=dev)[:, None] * s1
+                    + blk[None, :] * s2)  # [2, T]
             do = (base[:, :, None] + heads[None, None, :] * (bs * hd)
                   + (off * hd)[None, :, None]).reshape(-1)
             so = torch.arange(2 * t * kvh, device=dev, dtype=torch.int64) * hd
