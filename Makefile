@@ -24,7 +24,7 @@ demo: $(BIN)/dualpace-sim
 	$(BIN)/dualpace-sim run scenarios/quickstart.yaml --out $(OUT)
 
 test: $(VENV)/.hw docs
-	$(BIN)/ruff check dualpace_sim dualpace_hw tests benchmarks docs/gen
+	$(BIN)/ruff check dualpace_sim dualpace_hw tests benchmarks docs/gen docs/validation/analysis
 	$(BIN)/python -m pytest
 
 # The documentation site into site/; --strict fails on any warning, such as a broken link or a

@@ -1,0 +1,32 @@
+"""The analysis scripts behind figures in docs/validation/README.md still run and print them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ANALYSIS = ROOT / "docs" / "validation" / "analysis"
+
+
+def run(script: str, *args: str, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run([sys.executable, str(ANALYSIS / script), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_prefill_grid_error_is_the_documented_one():
+    out = run("prefill_grid.py", "calibration/h200x2-xeon32/qwen3-14b.yaml")
+    assert "chunk  2048, context   2048: old grid +43%" in out
+    assert out.strip().endswith("largest error +43% over 22 points")
+
+
+def test_small_prefill_floors_are_the_documented_ones(azure_dir):
+    out = run("small_prefill_floors.py", "4", env={"DUALPACE_AZURE_DIR": str(azure_dir)})
+    assert "4 req/s dualpace CPU step in flight: False n= 45 median 1.48 ms" in out
+    assert "4 req/s vllm     CPU step in flight: False n= 45 median 1.22 ms" in out
+
