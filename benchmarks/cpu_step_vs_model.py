@@ -90,6 +90,21 @@ def measure(engine: CpuEngineProcess, step: CpuStep, steps: int) -> tuple[float,
     return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
+def print_row(r: dict) -> None:
+    assist = (f"{r['per_assist_s'] * 1e3:>11.3f}{r['model_per_assist_s'] * 1e3:>8.3f}"
+              if r["model_per_assist_s"] else f"{'-':>11}{'-':>8}")
+    print(f"{r['route']:<13}{r['batch']:>5}{r['step_s'] * 1e3:>10.2f}"
+          f"{r['model_step_s'] * 1e3:>9.2f}{r['step_s'] / r['model_step_s']:>7.2f}"
+          f"{r['local_s'] / r['model_local_s']:>13.2f}{assist}", flush=True)
+
+
+def write_json(args: argparse.Namespace, model: str, cores: list[int] | None,
+               rows: list[dict]) -> None:
+    with open(args.json, "w") as f:
+        json.dump({"profile": args.profile or f"roofline {args.roofline}", "model": model,
+                   "context": args.context, "cpu_cores": str(cores), "rows": rows}, f, indent=2)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
@@ -104,6 +119,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
+    t0 = time.perf_counter()
     if args.profile:
         profile = load_profile(args.profile)
     else:
@@ -124,9 +140,12 @@ def main() -> None:
     ex = GpuExecutor(Model(shape, weights), PagedKVPool(shape, 1, bs, device=dev), TokenStore(),
                      engine.host_pool)
     rows = []
+    print(f"set up in {time.perf_counter() - t0:.1f} s (weights, packed CPU weights, host pool)")
+    print(f"{'route':<13}{'b':>5}{'step ms':>10}{'model':>9}{'ratio':>7}{'local ratio':>13}"
+          f"{'assist ms':>11}{'model':>8}", flush=True)
     try:
         with Server(engine, ex, shape.vocab_size):
-            for route in (Route.FULL_CPU, Route.SPLIT_FINAL, Route.FUSED_ASSIST):
+            for route in (Route.FUSED_ASSIST, Route.FULL_CPU, Route.SPLIT_FINAL):  # gap first
                 for b in args.batches:
                     step = CpuStep(route, list(range(b)), [1] * b, [args.context - 1] * b,
                                    [list(range(i * nb, (i + 1) * nb)) for i in range(b)])
@@ -140,23 +159,14 @@ def main() -> None:
                         "per_assist_s": in_assists / k if k else 0.0,
                         "model_per_assist_s": model["per_assist"],
                     })
+                    print_row(rows[-1])
+                    if args.json:  # as it goes: a run cut short keeps its rows
+                        write_json(args, shape.name, cores, rows)
     finally:
         engine.close()
-    print(f"{'route':<13}{'b':>5}{'step ms':>10}{'model':>9}{'ratio':>7}{'local ratio':>13}"
-          f"{'assist ms':>11}{'model':>8}")
-    for r in rows:
-        assist = (f"{r['per_assist_s'] * 1e3:>11.3f}{r['model_per_assist_s'] * 1e3:>8.3f}"
-                  if r["model_per_assist_s"] else f"{'-':>11}{'-':>8}")
-        print(f"{r['route']:<13}{r['batch']:>5}{r['step_s'] * 1e3:>10.2f}"
-              f"{r['model_step_s'] * 1e3:>9.2f}{r['step_s'] / r['model_step_s']:>7.2f}"
-              f"{r['local_s'] / r['model_local_s']:>13.2f}{assist}")
     fused = [r["step_s"] / r["model_step_s"] for r in rows if r["route"] == "Fused-Assist"]
     print(f"Fused-Assist step, measured / model: median {statistics.median(fused):.2f} "
           f"(1.00 = the simulator charges what the runtime's CPU engine takes)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"profile": args.profile or f"roofline {args.roofline}",
-                       "model": shape.name, "cpu_cores": str(cores), "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -430,6 +430,16 @@ class GpuExecutor:
                 triton_decode.paged_decode_attention(q, kc, vc, table, lens, splits=splits)
             torch.cuda.synchronize(self.device)
 
+    def release_graphs(self) -> None:
+        """Destroy the decode graphs now rather than at garbage collection. Under tensor
+        parallelism they captured NCCL all-reduces, and the ranks cannot leave their process
+        group while such a graph exists."""
+        for graph in self._graphs.values():
+            graph.release()
+        self._graphs.clear()
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
     def copies_done(self) -> bool:
         """Whether the last layer of the last forward's Prefill-to-CPU copies landed."""
         return self.copies.done()
@@ -716,6 +726,11 @@ class _DecodeGraph:
             self.graphs.append(g)
         self.host = torch.empty(4 * rows + rows * width, dtype=torch.int64, pin_memory=True)
         self.h2d_done: torch.cuda.Event | None = None
+
+    def release(self) -> None:
+        for g in self.graphs:
+            g.reset()
+        self.graphs.clear()
 
     def forward(self, f: _Flat) -> Forward:
         rows, width, d = self.rows, self.width, f.n_dec

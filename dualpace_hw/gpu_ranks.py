@@ -110,7 +110,8 @@ def _rank_main(conn, spec: RankSpec) -> None:
         ex = GpuExecutor(model, pool, TokenStore(), host_pool, rank=spec.rank)
         conn.send(("ready", os.getpid()))
         _serve(conn, ex, block)
-        _leave_group()  # with rank 0: NCCL's teardown waits for every rank
+        ex.release_graphs()  # before leaving: a graph holding an all-reduce holds the group
+        _leave_group()
     except (EOFError, BrokenPipeError):
         return  # rank 0 is gone
     except BaseException as e:  # noqa: BLE001 - reported to rank 0
@@ -171,17 +172,25 @@ def _split_cores(world: int, cpu_engine_cores: tuple[int, ...] | None
 
 
 def _leave_group(wait_s: float = 30.0) -> bool:
-    """Destroy the process group, giving up after `wait_s`. NCCL's teardown waits for every
-    rank; a rank that exited or hangs would block it for good (rank 0 stuck at the end of a
-    finished run, as seen on the 2-GPU box before every rank left together). True if left."""
+    """Leave the process group, giving up after `wait_s`; True if left. Every rank's rounds
+    are over by then, so nothing is lost by not finalizing: under NCCL the communicators are
+    aborted, which needs no other rank (one may have died). Abort clears the group as destroy
+    does, so the next policy's run can form a new one. The executor's CUDA graphs must be
+    released first: NCCL's teardown waits until every graph that captured one of its
+    collectives is destroyed (pytorch#115388). On the 2-GPU box, with the graphs still held,
+    both destroy and abort hung on every rank at the end of a finished run."""
     done = threading.Event()
+    nccl = dist.is_initialized() and dist.get_backend() == "nccl"
 
-    def destroy() -> None:
+    def leave() -> None:
         with contextlib.suppress(Exception):
-            dist.destroy_process_group()
+            if nccl:
+                dist.distributed_c10d._abort_process_group()
+            else:
+                dist.destroy_process_group()
         done.set()
 
-    threading.Thread(target=destroy, daemon=True, name="leave-group").start()
+    threading.Thread(target=leave, daemon=True, name="leave-group").start()
     return done.wait(wait_s)
 
 
@@ -391,4 +400,6 @@ class LeadExecutor(GpuExecutor):
         return self.peers.dead()
 
     def close(self) -> None:
+        with contextlib.suppress(RuntimeError):  # a failed GPU: the peers still get stopped
+            self.release_graphs()
         self.peers.close()

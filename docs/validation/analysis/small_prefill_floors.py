@@ -11,40 +11,14 @@ from __future__ import annotations
 import statistics
 import sys
 
-from dualpace_sim.core import Request
-from dualpace_sim.core.journal import JOURNAL_FILE, Journal
-from dualpace_sim.replay import _DualPaceCalls, _VllmCalls
-from dualpace_sim.scenario import load_scenario
+from rounds import gpu_rounds
 
 
 def floors(rate: str, policy: str) -> dict[bool, list[float]]:
-    loaded = load_scenario(f"scenarios/h200/validation/llama-3.1-8b-r{rate}.yaml")
-    cost, bs = loaded.cost, loaded.policy_config(policy).block_size
-    requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, bs)
-                for i, s in enumerate(loaded.requests)]
-    calls = (_DualPaceCalls if policy == "dualpace" else _VllmCalls)(loaded, requests)
-    journal = Journal.read(f"docs/validation/r{rate}/real/{JOURNAL_FILE.format(policy=policy)}")
     out: dict[bool, list[float]] = {True: [], False: []}
-    pending, rounds, cpu_step = None, 0, False
-    for e in journal.entries:
-        calls(e)
-        if e.engine == "cpu":
-            if e.call == "schedule":
-                cpu_step = calls.cpu_plan is not None and not calls.cpu_plan.is_empty
-            elif e.call == "apply":
-                cpu_step = False
-        elif e.engine == "gpu" and e.call == "schedule":
-            plan = calls.gpu_plan if policy == "dualpace" else calls.plan
-            if plan is not None and plan.has_forward and e.data.get("committed", True):
-                fixed = (cost.gpu_pre_layer(plan.n_tokens) + cost.gpu_post_layer(plan.n_sampled)
-                         + cost.gpu_iteration_overhead)
-                pending = (e.t, plan.n_tokens, bool(plan.prefills), fixed, cpu_step)
-        elif e.engine == "gpu" and e.call == "apply" and pending is not None:
-            rounds += 1
-            start, tokens, prefill, fixed, busy = pending
-            if rounds > 3 and prefill and tokens < 256:
-                out[busy].append((e.t - start - fixed) / cost.n_layers)
-            pending = None
+    for r in gpu_rounds(rate, policy):
+        if r.index >= 3 and r.prefill and r.n_tokens < 256:
+            out[r.cpu_step_in_flight].append((r.real_s - r.fixed_s) / r.n_layers)
     return out
 
 

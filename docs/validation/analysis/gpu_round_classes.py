@@ -1,0 +1,41 @@
+"""Real GPU rounds against the cost model, by class: decode only (CUDA graphs), and rounds with
+prefill (eager) of fewer than 256, 256 to 1,023 and at least 1,024 tokens. For each class and
+policy: rounds, real and modelled totals, and the median of real / model.
+
+    DUALPACE_AZURE_DIR=... python docs/validation/analysis/gpu_round_classes.py 4 8 12
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+from rounds import GpuRound, gpu_rounds
+
+CLASSES = ("decode only", "prefill, < 256 tokens", "prefill, 256-1,023", "prefill, >= 1,024")
+
+
+def round_class(r: GpuRound) -> str:
+    if not r.prefill:
+        return CLASSES[0]
+    return CLASSES[1] if r.n_tokens < 256 else CLASSES[2] if r.n_tokens < 1024 else CLASSES[3]
+
+
+def main(rates: list[str]) -> None:
+    print(f"{'rate':>4}  {'policy':9}{'GPU rounds':23}{'n':>6}{'real s':>9}{'model s':>9}"
+          f"{'median real/model':>19}")
+    for rate in rates:
+        for policy in ("dualpace", "vllm"):
+            by: dict[str, list[GpuRound]] = {c: [] for c in CLASSES}
+            for r in gpu_rounds(rate, policy):
+                by[round_class(r)].append(r)
+            for c, rs in by.items():
+                if rs:
+                    ratio = statistics.median(r.real_s / r.model_s for r in rs)
+                    print(f"{rate:>4}  {policy:9}{c:23}{len(rs):>6}"
+                          f"{sum(r.real_s for r in rs):>9.2f}{sum(r.model_s for r in rs):>9.2f}"
+                          f"{ratio:>19.2f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

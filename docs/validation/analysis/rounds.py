@@ -1,0 +1,64 @@
+"""Each real GPU round of a validation run beside the cost model's price for the same plan.
+
+The runtime journals every call into the scheduling core; replaying a journal through the core
+(`dualpace_sim.replay`) gives back each round's plan, so its real time (schedule to apply) can
+be set beside what the simulator charges for that plan. Shared by the analysis scripts here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from dualpace_sim.core import Request
+from dualpace_sim.core.journal import JOURNAL_FILE, Journal
+from dualpace_sim.replay import _DualPaceCalls, _VllmCalls
+from dualpace_sim.scenario import load_scenario
+
+
+@dataclass(frozen=True)
+class GpuRound:
+    index: int  # 0-based, in the run's order
+    n_tokens: int
+    prefill: bool  # has prefill chunks (runs eagerly; decode-only rounds replay CUDA graphs)
+    real_s: float  # schedule to apply, from the journal
+    fixed_s: float  # the model's pre-layer + post-layer + iteration overhead
+    layer_s: float  # the model's one layer
+    n_layers: int
+    cpu_step_in_flight: bool  # DualPace: a CPU step was scheduled and not yet applied
+
+    @property
+    def model_s(self) -> float:
+        return self.fixed_s + self.n_layers * self.layer_s
+
+
+def gpu_rounds(rate: str, policy: str) -> Iterator[GpuRound]:
+    """The committed H200 validation run at `rate` req/s, one policy."""
+    loaded = load_scenario(f"scenarios/h200/validation/llama-3.1-8b-r{rate}.yaml")
+    cost, bs = loaded.cost, loaded.policy_config(policy).block_size
+    requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, bs)
+                for i, s in enumerate(loaded.requests)]
+    calls = (_DualPaceCalls if policy == "dualpace" else _VllmCalls)(loaded, requests)
+    journal = Journal.read(f"docs/validation/r{rate}/real/{JOURNAL_FILE.format(policy=policy)}")
+    pending, index, cpu_step = None, 0, False
+    for e in journal.entries:
+        calls(e)
+        if e.engine == "cpu":
+            if e.call == "schedule":
+                cpu_step = calls.cpu_plan is not None and not calls.cpu_plan.is_empty
+            elif e.call == "apply":
+                cpu_step = False
+        elif e.engine == "gpu" and e.call == "schedule":
+            plan = calls.gpu_plan if policy == "dualpace" else calls.plan
+            if plan is not None and plan.has_forward and e.data.get("committed", True):
+                chunks = [(c.tokens, c.start + c.tokens) for c in plan.prefills]
+                layer = cost.gpu_layer(plan.n_tokens, chunks, len(plan.decodes),
+                                       plan.decode_context, beside_cpu=policy == "dualpace")
+                fixed = (cost.gpu_pre_layer(plan.n_tokens) + cost.gpu_post_layer(plan.n_sampled)
+                         + cost.gpu_iteration_overhead)
+                pending = (e.t, plan.n_tokens, bool(plan.prefills), fixed, layer, cpu_step)
+        elif e.engine == "gpu" and e.call == "apply" and pending is not None:
+            start, tokens, prefill, fixed, layer, busy = pending
+            yield GpuRound(index, tokens, prefill, e.t - start, fixed, layer, cost.n_layers,
+                           busy)
+            index, pending = index + 1, None

@@ -1,0 +1,39 @@
+"""Rank 0's teardown order: the CUDA graphs go before the process group.
+
+NCCL's teardown waits until every graph that captured one of its collectives is destroyed
+(pytorch#115388); on the 2-GPU box, with the graphs still held, every rank hung leaving the group
+at the end of a finished run. The order is what matters, so it is checked with stand-ins for the
+graphs and the other ranks (the serving tests cover the rest on Gloo)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from dualpace_hw.gpu_ranks import LeadExecutor
+
+
+class _Graph:
+    def __init__(self, events: list[str], name: str) -> None:
+        self.events, self.name = events, name
+
+    def release(self) -> None:
+        self.events.append(f"release {self.name}")
+
+
+class _Peers:
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def close(self) -> None:
+        self.events.append("leave group")
+
+
+def test_rank_0_releases_its_graphs_before_the_ranks_leave_the_group():
+    events: list[str] = []
+    lead = object.__new__(LeadExecutor)  # the order only: no model, pool or processes
+    lead.cuda = False
+    lead._graphs = OrderedDict({(1, 16): _Graph(events, "a"), (8, 32): _Graph(events, "b")})
+    lead.peers = _Peers(events)
+    lead.close()
+    assert events == ["release a", "release b", "leave group"]
+    assert not lead._graphs
