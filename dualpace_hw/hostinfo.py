@@ -49,6 +49,22 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
+def last_level_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """The largest cache level's size as sysfs gives it ("32768K"); 0 where it says nothing."""
+    best = (0, 0)
+    for d in root.glob("index[0-9]*"):
+        try:
+            level = int((d / "level").read_text())
+            size = (d / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1:], 1)
+        digits = size.rstrip("KMG")
+        if digits.isdigit():
+            best = max(best, (level, int(digits) * scale))
+    return best[1]
+
+
 def numa_nodes(root: Path = Path("/sys/devices/system/node")) -> list[set[int]]:
     """The cores of each NUMA node (one node holding every core where sysfs says nothing)."""
     nodes = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dualpace_hw.hostinfo import numa_nodes, rank_cores
+from dualpace_hw.hostinfo import last_level_cache_bytes, numa_nodes, rank_cores
 
 
 def fake_sysfs(tmp_path, lists: list[str]):
@@ -39,3 +39,13 @@ def test_one_node_or_an_odd_split_gives_consecutive_equal_ranges():
     assert rank_cores([0, 1, 4, 5], 2, nodes) == [(0, 1), (4, 5)]  # only the cores given
     with pytest.raises(ValueError, match="3 ranks need at least 3 cores"):
         rank_cores([0, 1], 3, nodes)
+
+
+def test_last_level_cache_is_the_highest_level_sysfs_lists(tmp_path):
+    for i, (level, size) in enumerate([(1, "48K"), (1, "32K"), (2, "2048K"), (3, "105M")]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n")
+        (d / "size").write_text(f"{size}\n")
+    assert last_level_cache_bytes(tmp_path) == 105 * 2**20
+    assert last_level_cache_bytes(tmp_path / "missing") == 0

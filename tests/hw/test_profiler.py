@@ -309,3 +309,37 @@ def test_gpu_tensor_parallel_kv_capacity_sums_the_gpus(tmp_path, monkeypatch):
         - profile_run.GPU_RESERVE_GIB * profile_run.GIB
     assert blocks == int(2 * per_gpu // (opt.block_size * shape.kv_bytes_per_token))
     assert params["gpu_kv_gib"] == round(2 * per_gpu / profile_run.GIB, 2)
+
+
+def test_the_cpu_layer_ring_holds_twice_the_last_level_cache():
+    from dualpace_hw.profiler.measure import cpu_layer_ring
+    from dualpace_sim.costs.shapes import ModelShape
+
+    llama = ModelShape.from_name("llama-3.1-8b")  # 436 MiB a layer
+    assert cpu_layer_ring(llama, 105 * 2**20) == 2
+    assert cpu_layer_ring(llama, 2**30) * llama.weight_bytes_per_layer >= 2 * 2**30
+    assert cpu_layer_ring(load_profile_shape(), 32 * 2**20) == 16  # a tiny layer: the cap
+    assert cpu_layer_ring(llama, 0) == 2  # sysfs silent: 64 MiB assumed
+
+
+def test_cpu_dense_stages_take_the_next_layer_of_the_ring_on_every_call():
+    """Timed on one layer over and over, a stage whose weights fit the cache would read them
+    from it; a decode step reads each layer's weights once."""
+    from dualpace_hw.profiler.grids import Grids
+    from dualpace_hw.profiler.timing import Protocol, Timer
+
+    cpu = torch.device("cpu")
+    m = Measurer(load_profile_shape(), cpu, Timer(cpu, Protocol.quick()),
+                 Timer(cpu, Protocol.quick()), Grids.quick(), 16)
+    assert m.cpu_ring > 1 and len(m.cpu.w.layers) == m.cpu_ring
+    for stage in ("pre_attn", "post_attn"):
+        seen: list[int] = []
+        real = getattr(m.cpu, stage)
+
+        def spy(layer, *a, real=real, seen=seen):
+            seen.append(layer)
+            return real(layer, *a)
+
+        setattr(m.cpu, stage, spy)
+        getattr(m, f"cpu_{stage}")(2)
+        assert len(seen) > 1 and seen == [i % m.cpu_ring for i in range(len(seen))], stage
