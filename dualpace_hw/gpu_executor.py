@@ -164,6 +164,18 @@ def _bucket(n: int, sizes: tuple[int, ...]) -> int:
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 _TABLE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+_WARM_GRAPHS = 128  # at most this many decode graphs captured before the clock
+
+
+def decode_graph_keys(max_rows: int, max_context: int, block_size: int,
+                      most: int = _WARM_GRAPHS) -> list[tuple[int, int]]:
+    """The (batch, table width) buckets a run's decode-only rounds can reach, with at most
+    `max_rows` requests decoding and `max_context` tokens in any one: small batches first, and
+    no more than `most` (the rest are captured on first use, as before)."""
+    rows = sorted({_bucket(n, _BATCH_BUCKETS) for n in range(1, max(1, max_rows) + 1)})
+    widths = sorted({_bucket(w, _TABLE_BUCKETS)
+                     for w in range(1, max(1, -(-max_context // block_size)) + 1)})
+    return [(r, w) for r in rows for w in widths][:most]
 
 
 class GpuExecutor:
@@ -379,14 +391,16 @@ class GpuExecutor:
         self.last_forward = fw
         return fw.result()
 
-    def warm_up(self) -> float:
+    def warm_up(self, max_rows: int = 1, max_context: int = 0) -> float:
         """Compile and capture, before the clock starts, what serving would otherwise pay for
         on first use: the Triton kernels of every stage (RMSNorm, QKV+RoPE, SwiGLU, paged
         decode and the split merge for each split-count bucket), the prefill and
-        Prefill-to-CPU paths, and a decode graph. On the H200 box the first round of a cold
-        run took 3.4 s and cold decode buckets up to 0.66 s (docs/validation). Uses block 0..
-        of each pool (overwritten before anyone reads them) and request ids below zero.
-        Returns the seconds it took."""
+        Prefill-to-CPU paths, and the decode graphs of every bucket a run with at most
+        `max_rows` decoding requests of at most `max_context` tokens can reach. On the H200 box
+        the first round of a cold run took 3.4 s and cold decode buckets up to 0.66 s; with
+        only one graph warmed, each bucket's first round took 45-160 ms for its capture, some
+        20 rounds a run (docs/validation). Uses block 0.. of each pool (overwritten before
+        anyone reads them) and request ids below zero. Returns the seconds it took."""
         start = time.perf_counter()
         bs = self.pool.block_size
         n = min(4 * bs, self.pool.n_blocks * bs - 1)  # prompt tokens, +1 decoded
@@ -412,7 +426,19 @@ class GpuExecutor:
             for r in reqs:
                 self.tokens.remove(r.req_id)
         self.warm_kernels()
+        self.warm_graphs(max_rows, max_context)
         return time.perf_counter() - start
+
+    def warm_graphs(self, max_rows: int, max_context: int) -> int:
+        """Capture the decode graphs of `decode_graph_keys`, kept from eviction; how many."""
+        if not (self.cuda_graphs and self.cuda):
+            return 0
+        keys = decode_graph_keys(max_rows, max_context, self.pool.block_size)
+        self.max_graphs = max(self.max_graphs, len(keys))
+        for key in keys:
+            if key not in self._graphs:
+                self._graphs[key] = _DecodeGraph(self, *key)
+        return len(keys)
 
     def warm_kernels(self) -> None:
         """Compile the paged decode kernel and its split merge for every split-count bucket."""

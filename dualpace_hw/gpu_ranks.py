@@ -6,16 +6,17 @@ weights and of the HBM KV pool (its KV heads), joined over NCCL (Gloo on the CPU
 the tests). The ranks run in lockstep through a pipe per rank that carries rank 0's calls as
 plain data:
 
-    rank 0 -> rank r: ("round", Round) | ("s",) | ("end",) | ("a", kind, layer, rows)
-                      | ("copies",) | ("warm",) | ("stop",)
+    rank 0 -> rank r: ("round", Round, whole) | ("s",) | ("end",) | ("a", kind, layer, rows)
+                      | ("copies",) | ("warm",) | ("graphs", rows, context) | ("stop",)
     rank r -> rank 0: ("ready", pid) | ("ok", tokens) | ("copies", done) | ("error", message)
 
 A round is sent before rank 0 runs it and each stage is released as rank 0 issues its own, so
 every rank issues the same collectives in the same order, Dense Assists included: rank 0
 decides at each stage boundary whether to serve one, and the other ranks learn it in the same
-stream of messages. At the round's end every rank reports its sampled tokens (the same on
-every rank; checked) after its swaps landed, so the round's migrations are complete on every
-rank when rank 0 reports them to the core.
+stream of messages. A round with no Dense Assist to interleave (vLLM's, the warm-up) is sent
+whole: the other ranks run all its stages on receipt. At the round's end every rank reports its
+sampled tokens (the same on every rank; checked) after its swaps landed, so the round's
+migrations are complete on every rank when rank 0 reports them to the core.
 
 Migrations and Prefill-to-CPU copies are rank-sharded: the host KV pool is the CPU engine's
 one shared pool, and each rank copies its own KV heads of each page over its own PCIe link
@@ -132,6 +133,10 @@ def _serve(conn, ex: GpuExecutor, block) -> None:
             fw = ex.forward(rnd) if rnd.flat is not None else None
             if fw is None:
                 ex.migrate_round(rnd)
+            elif msg[2]:  # a whole round: no Dense Assist between its stages
+                for s in fw.stages:
+                    s()
+                stage = len(fw.stages)
         elif what == "s":
             fw.stages[stage]()
             stage += 1
@@ -151,6 +156,8 @@ def _serve(conn, ex: GpuExecutor, block) -> None:
             conn.send(("copies", ex.copies_done()))
         elif what == "warm":
             ex.warm_kernels()
+        elif what == "graphs":  # in rank 0's order: the captures' warm-up runs all-reduce
+            ex.warm_graphs(msg[1], msg[2])
         else:
             return
 
@@ -352,8 +359,23 @@ class LeadExecutor(GpuExecutor):
             raise
         self.world = world
 
+    def execute(self, plan: GpuPlan) -> dict[int, int]:
+        """A whole round with no Dense Assist between its stages (vLLM's engine, warm-up): the
+        other ranks run every stage as soon as they have the round, one message where a
+        stage-by-stage forward sends one per stage (on the 2-GPU box those cost about 1 ms of
+        a 7 ms decode round)."""
+        rnd = self.round_of(plan)
+        self.peers.send("round", rnd, True)
+        fw = super().forward(rnd)
+        for stage in fw:
+            stage()
+        tokens = fw.result()
+        self.peers.end(tokens)
+        self.last_forward = fw
+        return tokens
+
     def forward(self, rnd: Round) -> Forward:
-        self.peers.send("round", rnd)
+        self.peers.send("round", rnd, False)
         peers = self.peers
 
         def released(stage: Callable[[], None]) -> Callable[[], None]:
@@ -368,7 +390,7 @@ class LeadExecutor(GpuExecutor):
         rnd = self.round_of(plan)
         if not rnd.has_migrations:
             return None
-        self.peers.send("round", rnd)
+        self.peers.send("round", rnd, False)
         self.swap_handle = _JointHandle(self.migrate_round(rnd), self.peers)
         return self.swap_handle
 
@@ -378,6 +400,11 @@ class LeadExecutor(GpuExecutor):
     def warm_kernels(self) -> None:
         self.peers.send("warm")
         super().warm_kernels()
+
+    def warm_graphs(self, max_rows: int, max_context: int) -> int:
+        if self.cuda_graphs and self.cuda:
+            self.peers.send("graphs", max_rows, max_context)
+        return super().warm_graphs(max_rows, max_context)
 
     def _assist(self, kind: str, layer: int, rows: int) -> None:
         self.peers.send("a", kind, layer, rows)

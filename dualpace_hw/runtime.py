@@ -283,7 +283,10 @@ class _Engines:
                    for n, f in loops.items()]
         threads.append(threading.Thread(target=self._guard, name="arrivals", daemon=True,
                                         args=("load generator", lambda: self._arrivals(submit))))
-        self.stats.warm_up_s = self.gpu.warm_up()  # first-use compiles, off the clock
+        # First-use compiles and graph captures, off the clock.
+        self.stats.warm_up_s = self.gpu.warm_up(
+            min(len(self.requests), self.gpu.pool.n_blocks),  # a decoding request holds a block
+            max((r.prompt_tokens + r.max_tokens for r in self.requests), default=0))
         interval = sys.getswitchinterval()
         sys.setswitchinterval(0.0005)  # bound a GIL hand-off to 0.5 ms instead of 5 ms
         self.t0 = time.perf_counter()

@@ -1,8 +1,9 @@
 """One measurement per profile table, with the runtime's own model stages and kernels.
 
-Only one decoder layer plus the pre-layer and post-layer is built: per-layer tables need no
-whole model (a 64 GB Qwen3-32B is profiled from 0.8 GB of weights). Inputs are random; times do
-not depend on values.
+Only one decoder layer plus the pre-layer and post-layer is built on the GPU, and on the CPU a
+ring of a few layers (`cpu_layer_ring`): per-layer tables need no whole model (a 64 GB
+Qwen3-32B is profiled from a few GB of weights). Inputs are random; times do not depend on
+values.
 """
 
 from __future__ import annotations

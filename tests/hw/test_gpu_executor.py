@@ -448,3 +448,18 @@ def test_swapped_out_decoded_on_the_cpu_executor_and_back_gives_the_same_tokens(
         stay.run(stay.plan([stay.reqs[1]]))
     assert moved.tokens.ids(1) == stay.tokens.ids(1)
     assert bytes(r.token_owners).count(Owner.CPU) == 3
+
+
+def test_warm_graph_keys_cover_every_decode_round_a_run_can_reach():
+    """Warm-up captures the graphs a run will use, so no decode round pays for a capture on the
+    clock (on the H200 box each first use of a bucket took 45-160 ms)."""
+    from dualpace_hw.gpu_executor import _BATCH_BUCKETS, _TABLE_BUCKETS, _bucket, decode_graph_keys
+
+    keys = decode_graph_keys(150, 2048 + 128, 16)
+    assert len(keys) == len(set(keys)) == 12 * 5  # batch buckets to 160, widths to 256 blocks
+    for rows in range(1, 151):
+        for blocks in range(1, 137):
+            assert (_bucket(rows, _BATCH_BUCKETS), _bucket(blocks, _TABLE_BUCKETS)) in keys
+    capped = decode_graph_keys(4096, 32768, 16, most=20)
+    assert len(capped) == 20 and capped[0] == (1, 16)  # small batches first
+    assert decode_graph_keys(1, 0, 16) == [(1, 16)]

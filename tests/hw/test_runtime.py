@@ -346,3 +346,19 @@ def test_replaying_the_journal_reproduces_every_decision(tmp_path):
     entry.data["plan"]["decodes"] = entry.data["plan"]["decodes"][::-1] + [999]
     tampered = replay(journal, loaded, "dualpace")
     assert not tampered.ok and "999" in tampered.mismatches[0]
+
+
+def test_warm_up_captures_the_graphs_of_the_runs_largest_batch_and_context(tmp_path,
+                                                                           monkeypatch):
+    from dualpace_hw.gpu_executor import GpuExecutor
+
+    asked: list[tuple[int, int]] = []
+    real = GpuExecutor.warm_graphs
+    monkeypatch.setattr(GpuExecutor, "warm_graphs",
+                        lambda self, rows, context: asked.append((rows, context))
+                        or real(self, rows, context))
+    loaded = load_scenario(scenario(tmp_path, ["vllm"]))
+    runtime = build_runtime(loaded, "vllm", "cpu", None)
+    runtime.serve()
+    longest = max(r.prompt_tokens + r.max_tokens for r in runtime.requests)
+    assert asked == [(min(len(runtime.requests), runtime.gpu.pool.n_blocks), longest)]
