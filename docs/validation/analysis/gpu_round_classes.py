@@ -3,14 +3,20 @@ prefill (eager) of fewer than 256, 256 to 1,023 and at least 1,024 tokens. For e
 policy: rounds, real and modelled totals, and the median of real / model.
 
     DUALPACE_AZURE_DIR=... python docs/validation/analysis/gpu_round_classes.py 4 8 12
+    DUALPACE_AZURE_DIR=... python docs/validation/analysis/gpu_round_classes.py \
+        --scenario scenarios/h200x2/validation/qwen3-14b-r4.yaml \
+        --real docs/validation/h200x2/r4/real
+
+The rates name the committed H200 runs; --scenario/--real any other (its policies' journals).
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
-import sys
+from pathlib import Path
 
-from rounds import GpuRound, gpu_rounds
+from rounds import GpuRound, gpu_rounds, h200_run
 
 CLASSES = ("decode only", "prefill, < 256 tokens", "prefill, 256-1,023", "prefill, >= 1,024")
 
@@ -21,13 +27,23 @@ def round_class(r: GpuRound) -> str:
     return CLASSES[1] if r.n_tokens < 256 else CLASSES[2] if r.n_tokens < 1024 else CLASSES[3]
 
 
-def main(rates: list[str]) -> None:
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("rates", nargs="*", help="committed H200 runs, by offered rate")
+    ap.add_argument("--scenario")
+    ap.add_argument("--real", help="the real run directory of --scenario")
+    args = ap.parse_args()
+    runs = [(rate, *h200_run(rate)) for rate in args.rates]
+    if args.scenario:
+        runs.append(("-", args.scenario, args.real))
     print(f"{'rate':>4}  {'policy':9}{'GPU rounds':23}{'n':>6}{'real s':>9}{'model s':>9}"
           f"{'median real/model':>19}")
-    for rate in rates:
+    for rate, scenario, real in runs:
         for policy in ("dualpace", "vllm"):
+            if not any(Path(real).glob(f"journal-{policy}.*")):
+                continue
             by: dict[str, list[GpuRound]] = {c: [] for c in CLASSES}
-            for r in gpu_rounds(rate, policy):
+            for r in gpu_rounds(scenario, real, policy):
                 by[round_class(r)].append(r)
             for c, rs in by.items():
                 if rs:
@@ -38,4 +54,4 @@ def main(rates: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

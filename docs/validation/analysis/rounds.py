@@ -32,14 +32,20 @@ class GpuRound:
         return self.fixed_s + self.n_layers * self.layer_s
 
 
-def gpu_rounds(rate: str, policy: str) -> Iterator[GpuRound]:
-    """The committed H200 validation run at `rate` req/s, one policy."""
-    loaded = load_scenario(f"scenarios/h200/validation/llama-3.1-8b-r{rate}.yaml")
+def h200_run(rate: str) -> tuple[str, str]:
+    """(scenario, real run directory) of the committed H200 validation run at `rate` req/s."""
+    return (f"scenarios/h200/validation/llama-3.1-8b-r{rate}.yaml",
+            f"docs/validation/r{rate}/real")
+
+
+def gpu_rounds(scenario: str, real: str, policy: str) -> Iterator[GpuRound]:
+    """One policy's GPU rounds in the real run directory `real` of `scenario`."""
+    loaded = load_scenario(scenario)
     cost, bs = loaded.cost, loaded.policy_config(policy).block_size
     requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, bs)
                 for i, s in enumerate(loaded.requests)]
     calls = (_DualPaceCalls if policy == "dualpace" else _VllmCalls)(loaded, requests)
-    journal = Journal.read(f"docs/validation/r{rate}/real/{JOURNAL_FILE.format(policy=policy)}")
+    journal = Journal.read(f"{real}/{JOURNAL_FILE.format(policy=policy)}")
     pending, index, cpu_step = None, 0, False
     for e in journal.entries:
         calls(e)

@@ -11,12 +11,12 @@ from __future__ import annotations
 import statistics
 import sys
 
-from rounds import gpu_rounds
+from rounds import gpu_rounds, h200_run
 
 
 def floors(rate: str, policy: str) -> dict[bool, list[float]]:
     out: dict[bool, list[float]] = {True: [], False: []}
-    for r in gpu_rounds(rate, policy):
+    for r in gpu_rounds(*h200_run(rate), policy):
         if r.index >= 3 and r.prefill and r.n_tokens < 256:
             out[r.cpu_step_in_flight].append((r.real_s - r.fixed_s) / r.n_layers)
     return out
