@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,3 +31,14 @@ def test_small_prefill_floors_are_the_documented_ones(azure_dir):
     assert "4 req/s dualpace CPU step in flight: False n= 46 median 1.70 ms" in out
     assert "4 req/s vllm     CPU step in flight: False n= 45 median 1.48 ms" in out
 
+
+
+def test_gpu_round_classes_are_the_documented_ones(azure_dir):
+    env = {"DUALPACE_AZURE_DIR": str(azure_dir)}
+    out = run("gpu_round_classes.py", "8", env=env)
+    assert re.search(r"8  vllm +prefill, >= 1,024 +57 +5\.79 +5\.81 +1\.00", out)
+    two = run("gpu_round_classes.py", "--scenario",
+              "scenarios/h200x2/validation/qwen3-14b-r4.yaml", "--real",
+              "docs/validation/h200x2/r4/real", env=env)
+    assert re.search(r"-  vllm +decode only +1665 +16\.34 +11\.77 +1\.15", two)
+    assert "dualpace" not in two  # only vLLM ran on two GPUs
