@@ -27,3 +27,15 @@ def test_cpu_step_benchmark_prints_measured_against_the_model(tmp_path):
         assert r["step_s"] > 0 and r["model_step_s"] > 0 and 0 < r["local_s"] <= r["step_s"]
         # every assisted step waited on its assists; Full-CPU on none
         assert (r["per_assist_s"] > 0) == (r["route"] != "Full-CPU")
+
+
+def test_cpu_step_benchmark_times_only_the_routes_asked_for(tmp_path):
+    out = tmp_path / "figures.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "cpu_step_vs_model.py"), "--roofline",
+         "rtx4090-xeon4510-12c", "--model", "tiny-llama", "--device", "cpu", "--batches", "1",
+         "--context", "32", "--steps", "1", "--routes", "Fused-Assist", "--json", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert [r["route"] for r in json.loads(out.read_text())["rows"]] == ["Fused-Assist"]
+    assert "Full-CPU step" not in run.stdout
