@@ -165,6 +165,7 @@ def _bucket(n: int, sizes: tuple[int, ...]) -> int:
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 _TABLE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _WARM_GRAPHS = 128  # at most this many decode graphs captured before the clock
+_WARM_FREE_BYTES = 4 << 30  # and only while this much GPU memory stays free
 
 
 def decode_graph_keys(max_rows: int, max_context: int, block_size: int,
@@ -430,15 +431,25 @@ class GpuExecutor:
         return time.perf_counter() - start
 
     def warm_graphs(self, max_rows: int, max_context: int) -> int:
-        """Capture the decode graphs of `decode_graph_keys`, kept from eviction; how many."""
+        """Capture the decode graphs of `decode_graph_keys`, kept from eviction, while the GPU
+        keeps `_WARM_FREE_BYTES` free (each graph holds its own activations and logits, up to
+        a few hundred MB for 512 rows; serving needs room for its eager prefill rounds). Those
+        left out are captured on first use, as before. Returns how many were captured."""
         if not (self.cuda_graphs and self.cuda):
             return 0
         keys = decode_graph_keys(max_rows, max_context, self.pool.block_size)
         self.max_graphs = max(self.max_graphs, len(keys))
+        captured = 0
         for key in keys:
+            if torch.cuda.mem_get_info(self.device)[0] < _WARM_FREE_BYTES:
+                break
             if key not in self._graphs:
-                self._graphs[key] = _DecodeGraph(self, *key)
-        return len(keys)
+                self.capture_graph(key)
+            captured += 1
+        return captured
+
+    def capture_graph(self, key: tuple[int, int]) -> None:
+        self._graphs[key] = _DecodeGraph(self, *key)
 
     def warm_kernels(self) -> None:
         """Compile the paged decode kernel and its split merge for every split-count bucket."""

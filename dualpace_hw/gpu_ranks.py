@@ -7,7 +7,7 @@ the tests). The ranks run in lockstep through a pipe per rank that carries rank 
 plain data:
 
     rank 0 -> rank r: ("round", Round, whole) | ("s",) | ("end",) | ("a", kind, layer, rows)
-                      | ("copies",) | ("warm",) | ("graphs", rows, context) | ("stop",)
+                      | ("copies",) | ("warm",) | ("graph", key) | ("stop",)
     rank r -> rank 0: ("ready", pid) | ("ok", tokens) | ("copies", done) | ("error", message)
 
 A round is sent before rank 0 runs it and each stage is released as rank 0 issues its own, so
@@ -156,8 +156,8 @@ def _serve(conn, ex: GpuExecutor, block) -> None:
             conn.send(("copies", ex.copies_done()))
         elif what == "warm":
             ex.warm_kernels()
-        elif what == "graphs":  # in rank 0's order: the captures' warm-up runs all-reduce
-            ex.warm_graphs(msg[1], msg[2])
+        elif what == "graph":  # rank 0's choice and order: a capture's warm-up all-reduces
+            ex.capture_graph(msg[1])
         else:
             return
 
@@ -401,10 +401,11 @@ class LeadExecutor(GpuExecutor):
         self.peers.send("warm")
         super().warm_kernels()
 
-    def warm_graphs(self, max_rows: int, max_context: int) -> int:
-        if self.cuda_graphs and self.cuda:
-            self.peers.send("graphs", max_rows, max_context)
-        return super().warm_graphs(max_rows, max_context)
+    def capture_graph(self, key: tuple[int, int]) -> None:
+        """Every rank captures the graphs rank 0 does, in its order: rank 0 decides how many by
+        its own free memory (the other ranks hold the same shard, pool and graphs)."""
+        self.peers.send("graph", key)
+        super().capture_graph(key)
 
     def _assist(self, kind: str, layer: int, rows: int) -> None:
         self.peers.send("a", kind, layer, rows)

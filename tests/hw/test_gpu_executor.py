@@ -463,3 +463,18 @@ def test_warm_graph_keys_cover_every_decode_round_a_run_can_reach():
     capped = decode_graph_keys(4096, 32768, 16, most=20)
     assert len(capped) == 20 and capped[0] == (1, 16)  # small batches first
     assert decode_graph_keys(1, 0, 16) == [(1, 16)]
+
+
+def test_warm_graphs_stop_while_the_gpu_still_has_room(monkeypatch):
+    """Each warmed graph keeps its activations: warm-up captures only while 4 GiB stay free
+    and leaves the rest to first use (stand-ins for CUDA: the capture and the free memory)."""
+    ex = Box("tiny-llama", "cpu", torch.float32).ex
+    assert ex.warm_graphs(8, 64) == 0  # no CUDA graphs on the CPU
+    ex.cuda = ex.cuda_graphs = True
+    captured: list[tuple[int, int]] = []
+    free = iter([9 << 30, 7 << 30, 5 << 30, 3 << 30, 1 << 30])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (next(free), 80 << 30))
+    monkeypatch.setattr(ex, "capture_graph", captured.append)
+    assert ex.warm_graphs(150, 2048) == 3
+    assert captured == [(1, 16), (1, 32), (1, 64)]
+    assert ex.max_graphs >= 60  # what warm-up captures is never evicted

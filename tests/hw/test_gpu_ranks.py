@@ -37,3 +37,25 @@ def test_rank_0_releases_its_graphs_before_the_ranks_leave_the_group():
     lead.close()
     assert events == ["release a", "release b", "leave group"]
     assert not lead._graphs
+
+
+class _Sent:
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def send(self, *msg) -> None:
+        self.events.append(f"send {msg}")
+
+
+def test_every_rank_captures_the_graphs_rank_0_does_in_its_order(monkeypatch):
+    """A capture's warm-up runs the round's all-reduces: the other ranks must capture the same
+    bucket at the same time, so rank 0 sends each before capturing it."""
+    from dualpace_hw.gpu_executor import GpuExecutor
+
+    events: list[str] = []
+    lead = object.__new__(LeadExecutor)
+    lead.peers = _Sent(events)
+    monkeypatch.setattr(GpuExecutor, "capture_graph",
+                        lambda self, key: events.append(f"capture {key}"))
+    lead.capture_graph((8, 32))
+    assert events == ["send ('graph', (8, 32))", "capture (8, 32)"]
