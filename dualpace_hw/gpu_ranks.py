@@ -6,9 +6,11 @@ weights and of the HBM KV pool (its KV heads), joined over NCCL (Gloo on the CPU
 the tests). The ranks run in lockstep through a pipe per rank that carries rank 0's calls as
 plain data:
 
-    rank 0 -> rank r: ("round", Round, whole) | ("s",) | ("end",) | ("a", kind, layer, rows)
-                      | ("copies",) | ("warm",) | ("graph", key) | ("stop",)
-    rank r -> rank 0: ("ready", pid) | ("ok", tokens) | ("copies", done) | ("error", message)
+    rank 0 -> rank r: "round" (whole?; the Round follows by pipe) | "s" | "end"
+                      | "a" (kind, layer, rows) | "copies" | "warm" | "graph" (rows, width)
+                      | "stop", in a shared-memory ring they spin on (command_ring.py)
+    rank r -> rank 0: ("ready", pid) | ("ok", tokens) | ("copies", done) | ("error", message),
+                      by pipe (rank 0 waits on these anyway)
 
 A round is sent before rank 0 runs it and each stage is released as rank 0 issues its own, so
 every rank issues the same collectives in the same order, Dense Assists included: rank 0
@@ -47,7 +49,8 @@ import torch.distributed as dist
 from dualpace_sim.core.plans import GpuPlan
 from dualpace_sim.costs.shapes import ModelShape
 
-from .cpu_worker import HostShare, WorkerFailed
+from .command_ring import CommandRing, RingReader, RingRefs
+from .cpu_worker import ASSIST_KINDS, HostShare, WorkerFailed
 from .gpu_executor import Forward, GpuExecutor, Round
 from .kv import PagedKVPool
 from .migrate import CopyHandle
@@ -73,6 +76,7 @@ class RankSpec:
     dtype: torch.dtype
     host: HostShare | None  # None: vLLM, no host tier
     cores: tuple[int, ...] | None  # off the CPU engine's cores, as rank 0 keeps
+    commands: RingRefs  # rank 0's command ring
 
 
 def _group(device: torch.device, rank: int, world: int, rendezvous: str) -> None:
@@ -109,8 +113,10 @@ def _rank_main(conn, spec: RankSpec) -> None:
             host_pool = full.heads(shard, spec.rank)
             block = spec.host.assist.block(arena)
         ex = GpuExecutor(model, pool, TokenStore(), host_pool, rank=spec.rank)
+        parent = os.getppid()
+        commands = RingReader(spec.commands, spec.rank - 1, 0.002 if spec.cores else 0.0)
         conn.send(("ready", os.getpid()))
-        _serve(conn, ex, block)
+        _serve(commands, lambda: os.getppid() != parent, conn, ex, block)
         ex.release_graphs()  # before leaving: a graph holding an all-reduce holds the group
         _leave_group()
     except (EOFError, BrokenPipeError):
@@ -121,19 +127,19 @@ def _rank_main(conn, spec: RankSpec) -> None:
         raise
 
 
-def _serve(conn, ex: GpuExecutor, block) -> None:
+def _serve(commands: RingReader, rank_0_gone: Callable[[], bool], conn, ex: GpuExecutor,
+           block) -> None:
     rnd: Round | None = None
     fw: Forward | None = None
     stage = 0
     while True:
-        msg = conn.recv()
-        what = msg[0]
+        what, a, b, c = commands.take(rank_0_gone)
         if what == "round":
-            rnd, stage = msg[1], 0
+            rnd, stage = conn.recv(), 0
             fw = ex.forward(rnd) if rnd.flat is not None else None
             if fw is None:
                 ex.migrate_round(rnd)
-            elif msg[2]:  # a whole round: no Dense Assist between its stages
+            elif a:  # a whole round: no Dense Assist between its stages
                 for s in fw.stages:
                     s()
                 stage = len(fw.stages)
@@ -147,7 +153,7 @@ def _serve(conn, ex: GpuExecutor, block) -> None:
             conn.send(("ok", tokens))
             rnd, fw = None, None
         elif what == "a":
-            _, kind, layer, rows = msg
+            kind, layer, rows = ASSIST_KINDS[a], b, c
             if kind != "lS":  # the post-layer is replicated: rank 0 alone runs it
                 q = ex.shape.q_dim
                 ex.join_assist(layer, block.attn[:rows, ex.rank * q:(ex.rank + 1) * q],
@@ -157,7 +163,7 @@ def _serve(conn, ex: GpuExecutor, block) -> None:
         elif what == "warm":
             ex.warm_kernels()
         elif what == "graph":  # rank 0's choice and order: a capture's warm-up all-reduces
-            ex.capture_graph(msg[1])
+            ex.capture_graph((a, b))
         else:
             return
 
@@ -209,6 +215,7 @@ class _Peers:
                  host: HostShare | None, cores: list[tuple[int, ...] | None]) -> None:
         self.procs, self.conns = [], []
         self.rendezvous = gloo_rendezvous()
+        self.commands = CommandRing(world - 1)
         self.grouped = False
         cuda = device.type == "cuda"
         if cuda and torch.cuda.device_count() < world:
@@ -222,7 +229,7 @@ class _Peers:
                     lambda t: (tuple(t.shape), t.dtype))
                 spec = RankSpec(shape, skeleton, r, world, f"cuda:{r}" if cuda else "cpu",
                                 self.rendezvous, gpu_blocks, block_size, dtype, host,
-                                cores[r - 1])
+                                cores[r - 1], self.commands.refs)
                 proc, conn = spawn(_rank_main, spec, f"dualpace-gpu-rank-{r}")
                 self.procs.append(proc)
                 self.conns.append(conn)
@@ -272,9 +279,14 @@ class _Peers:
             raise WorkerFailed(f"GPU rank {i + 1} answered {msg[0]!r}, not {expect!r}")
         return msg
 
-    def send(self, *msg) -> None:
+    def send(self, op: str, *args: int) -> None:
+        """A command to every other rank, through the ring."""
+        self.commands.write(op, *args, readers_alive=lambda: self.dead() is None)
+
+    def send_round(self, rnd: Round, whole: bool) -> None:
         for conn in self.conns:
-            conn.send(msg)
+            conn.send(rnd)  # before its command: a rank reads it when it takes the command
+        self.send("round", int(whole))
 
     def end(self, tokens: dict[int, int]) -> None:
         """Close a round: every rank finished it, swaps landed, same tokens as rank 0."""
@@ -300,9 +312,8 @@ class _Peers:
         if self.grouped:
             self.grouped = False
             if self.dead() is None:
-                for conn in self.conns:
-                    with contextlib.suppress(OSError, ValueError):
-                        conn.send(("stop",))
+                with contextlib.suppress(EOFError):
+                    self.send("stop")
             left = _leave_group()
             if not left:
                 print("warning: the GPU ranks' process group did not shut down in 30 s; "
@@ -310,6 +321,7 @@ class _Peers:
         stop(self.procs, self.conns)
         self.procs, self.conns = [], []
         forget(self.rendezvous)
+        self.commands.close()
 
 
 class _JointHandle(CopyHandle):
@@ -365,7 +377,7 @@ class LeadExecutor(GpuExecutor):
         stage-by-stage forward sends one per stage (on the 2-GPU box those cost about 1 ms of
         a 7 ms decode round)."""
         rnd = self.round_of(plan)
-        self.peers.send("round", rnd, True)
+        self.peers.send_round(rnd, True)
         fw = super().forward(rnd)
         for stage in fw:
             stage()
@@ -375,7 +387,7 @@ class LeadExecutor(GpuExecutor):
         return tokens
 
     def forward(self, rnd: Round) -> Forward:
-        self.peers.send("round", rnd, False)
+        self.peers.send_round(rnd, False)
         peers = self.peers
 
         def released(stage: Callable[[], None]) -> Callable[[], None]:
@@ -390,7 +402,7 @@ class LeadExecutor(GpuExecutor):
         rnd = self.round_of(plan)
         if not rnd.has_migrations:
             return None
-        self.peers.send("round", rnd, False)
+        self.peers.send_round(rnd, False)
         self.swap_handle = _JointHandle(self.migrate_round(rnd), self.peers)
         return self.swap_handle
 
@@ -404,11 +416,11 @@ class LeadExecutor(GpuExecutor):
     def capture_graph(self, key: tuple[int, int]) -> None:
         """Every rank captures the graphs rank 0 does, in its order: rank 0 decides how many by
         its own free memory (the other ranks hold the same shard, pool and graphs)."""
-        self.peers.send("graph", key)
+        self.peers.send("graph", *key)
         super().capture_graph(key)
 
     def _assist(self, kind: str, layer: int, rows: int) -> None:
-        self.peers.send("a", kind, layer, rows)
+        self.peers.send("a", ASSIST_KINDS.index(kind), layer, rows)
 
     def assist_post_attn(self, layer: int, attn_out_cpu: torch.Tensor,
                          residual_cpu: torch.Tensor, out: torch.Tensor | None = None

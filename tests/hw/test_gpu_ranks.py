@@ -58,4 +58,4 @@ def test_every_rank_captures_the_graphs_rank_0_does_in_its_order(monkeypatch):
     monkeypatch.setattr(GpuExecutor, "capture_graph",
                         lambda self, key: events.append(f"capture {key}"))
     lead.capture_graph((8, 32))
-    assert events == ["send ('graph', (8, 32))", "capture (8, 32)"]
+    assert events == ["send ('graph', 8, 32)", "capture (8, 32)"]
