@@ -212,6 +212,7 @@ class GpuExecutor:
         self.cuda_graphs = self.cuda if cuda_graphs is None else cuda_graphs
         self.max_graphs = max_graphs
         self._graphs: OrderedDict[tuple[int, int], _DecodeGraph] = OrderedDict()
+        self.graph_captures = 0  # decode graphs captured on first use (in a round, not warm-up)
         self.copies: CopyGroup = CopyGroup()  # the last forward's Prefill-to-CPU copies
         self._req_copies: dict[int, CopyGroup] = {}  # per request, its latest chunk's copies
         self._noted_swap_outs: dict[int, list[int]] = {}
@@ -392,7 +393,7 @@ class GpuExecutor:
         self.last_forward = fw
         return fw.result()
 
-    def warm_up(self, max_rows: int = 1, max_context: int = 0) -> float:
+    def warm_up(self, max_rows: int = 1, max_context: int = 0) -> tuple[float, int]:
         """Compile and capture, before the clock starts, what serving would otherwise pay for
         on first use: the Triton kernels of every stage (RMSNorm, QKV+RoPE, SwiGLU, paged
         decode and the split merge for each split-count bucket), the prefill and
@@ -401,7 +402,8 @@ class GpuExecutor:
         the first round of a cold run took 3.4 s and cold decode buckets up to 0.66 s; with
         only one graph warmed, each bucket's first round took 45-160 ms for its capture, some
         20 rounds a run (docs/validation). Uses block 0.. of each pool (overwritten before
-        anyone reads them) and request ids below zero. Returns the seconds it took."""
+        anyone reads them) and request ids below zero. Returns the seconds it took and the
+        number of decode graphs it captured."""
         start = time.perf_counter()
         bs = self.pool.block_size
         n = min(4 * bs, self.pool.n_blocks * bs - 1)  # prompt tokens, +1 decoded
@@ -427,8 +429,9 @@ class GpuExecutor:
             for r in reqs:
                 self.tokens.remove(r.req_id)
         self.warm_kernels()
-        self.warm_graphs(max_rows, max_context)
-        return time.perf_counter() - start
+        graphs = self.warm_graphs(max_rows, max_context)
+        self.graph_captures = 0  # from here on, a capture is one a round paid for
+        return time.perf_counter() - start, graphs
 
     def warm_graphs(self, max_rows: int, max_context: int) -> int:
         """Capture the decode graphs of `decode_graph_keys`, kept from eviction, while the GPU
@@ -624,6 +627,7 @@ class GpuExecutor:
         if graph is None:
             graph = _DecodeGraph(self, *key)
             self._graphs[key] = graph
+            self.graph_captures += 1
             while len(self._graphs) > self.max_graphs:
                 self._graphs.popitem(last=False)
         else:

@@ -168,6 +168,8 @@ class RunStats:
     gpu_busy_s: float = 0.0
     wall_s: float = 0.0
     warm_up_s: float = 0.0  # before the clock started
+    graphs_warmed: int = 0  # decode graphs captured in the warm-up
+    graph_captures: int = 0  # decode graphs captured on first use, on the clock (rounds paid)
     routes: dict[str, int] = field(default_factory=dict)
 
 
@@ -284,7 +286,7 @@ class _Engines:
         threads.append(threading.Thread(target=self._guard, name="arrivals", daemon=True,
                                         args=("load generator", lambda: self._arrivals(submit))))
         # First-use compiles and graph captures, off the clock.
-        self.stats.warm_up_s = self.gpu.warm_up(
+        self.stats.warm_up_s, self.stats.graphs_warmed = self.gpu.warm_up(
             min(len(self.requests), self.gpu.pool.n_blocks),  # a decoding request holds a block
             max((r.prompt_tokens + r.max_tokens for r in self.requests), default=0))
         interval = sys.getswitchinterval()
@@ -310,6 +312,7 @@ class _Engines:
         finally:
             sys.setswitchinterval(interval)
         self.stats.wall_s = self.now()
+        self.stats.graph_captures = self.gpu.graph_captures
         if self.error is not None:
             raise self.error
         return self.requests

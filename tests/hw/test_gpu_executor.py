@@ -478,3 +478,30 @@ def test_warm_graphs_stop_while_the_gpu_still_has_room(monkeypatch):
     assert ex.warm_graphs(150, 2048) == 3
     assert captured == [(1, 16), (1, 32), (1, 64)]
     assert ex.max_graphs >= 60  # what warm-up captures is never evicted
+
+
+def test_graph_captures_on_the_clock_are_counted_and_warmed_buckets_are_not(monkeypatch):
+    """The run's summary says how many rounds paid for a capture (`graph_captures`): zero when
+    the warm-up covered every bucket the run reached (stand-ins for the CUDA graphs)."""
+    from types import SimpleNamespace
+
+    from dualpace_hw import gpu_executor
+
+    made: list[tuple[int, int]] = []
+
+    class Graph:
+        def __init__(self, ex, rows: int, width: int) -> None:
+            made.append((rows, width))
+
+        def forward(self, flat):
+            return flat
+
+    monkeypatch.setattr(gpu_executor, "_DecodeGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 << 30, 80 << 30))
+    ex = Box("tiny-llama", "cpu", torch.float32).ex
+    ex.cuda = ex.cuda_graphs = True
+    assert ex.warm_graphs(2, 16) == 2 and made == [(1, 16), (2, 16)]
+    ex._graph_forward(SimpleNamespace(n_dec=2, tables=[[0], [1]]))  # warmed: no capture
+    assert ex.graph_captures == 0
+    ex._graph_forward(SimpleNamespace(n_dec=3, tables=[[0], [1], [2]]))  # bucket (4, 16)
+    assert ex.graph_captures == 1 and made[-1] == (4, 16)

@@ -362,3 +362,4 @@ def test_warm_up_captures_the_graphs_of_the_runs_largest_batch_and_context(tmp_p
     runtime.serve()
     longest = max(r.prompt_tokens + r.max_tokens for r in runtime.requests)
     assert asked == [(min(len(runtime.requests), runtime.gpu.pool.n_blocks), longest)]
+    assert runtime.stats.graphs_warmed == runtime.stats.graph_captures == 0  # none on the CPU
