@@ -127,6 +127,9 @@ def main() -> None:
     except ImportError:
         sys.stderr.write("dualpace-hw needs the hw extra: pip install -e \".[hw]\"\n")
         sys.exit(2)
+    from dualpace_sim.cli import cost_warnings_as_notes
+
+    cost_warnings_as_notes()
     try:
         app()
     except KeyboardInterrupt:

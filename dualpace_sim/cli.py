@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -216,7 +217,25 @@ def version() -> None:
     typer.echo(v("dualpace"))
 
 
+def cost_warnings_as_notes() -> None:
+    """Print the cost model's warnings about lookups outside a profile's tables as one-line
+    notes: Python's default shows the simulator's source file and line with each, which says
+    nothing to a user. Other warnings keep the default."""
+    from .costs import CostExtrapolationWarning
+
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if issubclass(category, CostExtrapolationWarning):
+            print(f"note: {message}", file=file or sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+
+
 def main() -> None:
+    cost_warnings_as_notes()
     try:
         app()
     except KeyboardInterrupt:

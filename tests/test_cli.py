@@ -165,3 +165,27 @@ def test_run_replays_a_registered_trace_by_name(write_scenario, trace_cache, tmp
     assert result.exit_code == 2
     assert re.fullmatch(r"error: \S+: workload: could not download \S+toolagent_trace\.jsonl "
                         r".*save it as \S+toolagent_trace\.jsonl;.*\n", result.output)
+
+
+def test_a_lookup_outside_the_profiles_tables_is_a_one_line_note(tmp_path):
+    """Prompts shorter than the profile's smallest prefill chunk: the cost model extrapolates
+    and says so once, as a note, not as a Python warning with the simulator's source line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump({
+        "name": "tiny-prompts", "policies": ["dualpace"],
+        "profile": str(root / "calibration" / "h200-spr16" / "llama-3.1-8b.yaml"),
+        "workload": {"source": "default", "num_requests": 5, "rate": 5.0, "seed": 0,
+                     "max_prompt_tokens": 4, "max_output_tokens": 4}}))
+    done = subprocess.run(
+        [sys.executable, "-c", "from dualpace_sim.cli import main; main()", "run",
+         str(scenario), "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    notes = [line for line in done.stderr.splitlines() if "gpu.prefill_attn" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: cost table gpu.prefill_attn:")
+    assert "CostExtrapolationWarning" not in done.stderr and "cost.gpu_layer" not in done.stderr
