@@ -32,9 +32,11 @@ class Grids:
             # Every power of two from 256 to 4096 for chunks and contexts: prefill attention
             # grows with chunk x context, and a chunk between two grid rows interpolated
             # linearly came out 30 % high on the H200 box (a lone 2,048-token chunk: 204 ms
-            # modelled against 159 ms real with rows at 1,024 and 4,096 only).
-            prefill_chunks=[16, 64, 256, 512, 1024, 2048, 4096],
-            prefill_contexts=[16, 256, 512, 1024, 2048, 4096, 8192, 32768],
+            # modelled against 159 ms real with rows at 1,024 and 4,096 only). From 1 token:
+            # serving's last chunks and shortest prompts are a few tokens (the Azure runs on
+            # the H200 box had 2-token chunks), below which the table would be extrapolated.
+            prefill_chunks=[1, 16, 64, 256, 512, 1024, 2048, 4096],
+            prefill_contexts=[1, 16, 256, 512, 1024, 2048, 4096, 8192, 32768],
             decode_batches=[1, 4, 16, 64, 256, 512],
             decode_totals=[1, 64, 1024, 16384, 262144, 2097152],
             max_request_context=32768,

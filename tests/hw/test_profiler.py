@@ -343,3 +343,13 @@ def test_cpu_dense_stages_take_the_next_layer_of_the_ring_on_every_call():
         setattr(m.cpu, stage, spy)
         getattr(m, f"cpu_{stage}")(2)
         assert len(seen) > 1 and seen == [i % m.cpu_ring for i in range(len(seen))], stage
+
+
+def test_full_grids_reach_down_to_one_token_chunks():
+    """Serving's last chunks and shortest prompts are a few tokens: the prefill table covers
+    them rather than extrapolating below its smallest row."""
+    from dualpace_hw.profiler.grids import Grids
+
+    g = Grids.full()
+    assert g.prefill_chunks[0] == g.prefill_contexts[0] == 1
+    assert {256, 512, 1024, 2048, 4096} <= set(g.prefill_chunks) & set(g.prefill_contexts)
