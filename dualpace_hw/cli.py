@@ -84,6 +84,9 @@ def run(
         "--trace-events", metavar="FILE",
         help="also write a timeline trace (Chrome/Perfetto JSON, as `dualpace-sim run "
              "--trace-events` writes; one process per policy)")] = None,
+    policy: Annotated[list[str] | None, typer.Option(
+        help="run only this of the scenario's policies; repeat it to run several, in the "
+             "order given (default: the scenario's, in its order)")] = None,
 ) -> None:
     """Replay SCENARIO's workload in real time against the real runtime (DualPace and vLLM;
     NEO is simulated only) and write what `dualpace-sim run` writes."""
@@ -97,7 +100,8 @@ def run(
         if trace_events is not None and trace_events.is_dir():
             _fail(f"--trace-events {trace_events}: is a directory; give a file such as "
                   f"{trace_events / 'trace.json'}")
-        summaries = run_real(loaded, out, device, cpu_cores, trace_events, cpu_tp, gpu_tp)
+        summaries = run_real(loaded, out, device, cpu_cores, trace_events, cpu_tp, gpu_tp,
+                             policy)
     except (ScenarioError, ValueError, EngineFailure) as e:
         _fail(str(e))
     except KeyboardInterrupt:

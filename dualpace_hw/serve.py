@@ -66,17 +66,24 @@ def check_split(shape: ModelShape, device: str, cpu_tp: int, gpu_tp: int) -> Non
 
 def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
              cpu_cores: int | None = None, trace_events: Path | None = None,
-             cpu_tp: int = 1, gpu_tp: int = 1) -> list[dict]:
-    """Run every policy the runtime has for real; write results after each one (and the
-    timeline trace, one process per policy, when `trace_events` names a file)."""
+             cpu_tp: int = 1, gpu_tp: int = 1, policies: list[str] | None = None) -> list[dict]:
+    """Run every policy the runtime has for real, or those of `policies` in that order (the
+    scenario's by default); write results after each one (and the timeline trace, one process
+    per policy, when `trace_events` names a file). The policies share the process: one run
+    second finds the kernels the first compiled, so the order can matter to a comparison."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("no CUDA device: run on a GPU box, or pass --device cpu (tests)")
     check_split(loaded.profile.model, device, cpu_tp, gpu_tp)
+    if policies:
+        unknown = [p for p in policies if p not in loaded.spec.policies]
+        if unknown:
+            raise ValueError(f"--policy {', '.join(unknown)}: not in the scenario's policies "
+                             f"({', '.join(loaded.spec.policies)}); name some of those")
     out.mkdir(parents=True, exist_ok=True)
     frames: dict[str, pd.DataFrame] = {}
     summaries = []
     traces: list[TraceRecorder] = []
-    for policy in loaded.spec.policies:
+    for policy in policies or loaded.spec.policies:
         if policy not in REAL_POLICIES:
             print(f"{policy}: simulated only (the real runtime runs {', '.join(REAL_POLICIES)})")
             continue

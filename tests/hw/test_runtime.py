@@ -183,6 +183,21 @@ def test_run_command_writes_what_the_simulator_writes(tmp_path):
     check_real_trace(out / "trace.json", summary)
 
 
+def test_run_takes_the_policies_asked_for_in_the_order_given(tmp_path):
+    path = scenario(tmp_path, ["dualpace", "vllm"])
+    out = tmp_path / "real"
+    result = CliRunner().invoke(app, ["run", str(path), "--out", str(out), "--device", "cpu",
+                                      "--policy", "vllm", "--policy", "dualpace"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["policy"] for s in summary] == ["vllm", "dualpace"]
+    result = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "o"),
+                                      "--device", "cpu", "--policy", "neo"])
+    assert result.exit_code == 2
+    assert "error: --policy neo: not in the scenario's policies (dualpace, vllm)" in \
+        result.output
+
+
 def check_real_trace(path, summary) -> None:
     """The runtime's timeline: the simulator's tracks, sequential slices per track, inside
     the run, and one slice per CPU round and per Dense Assist the engines counted."""
