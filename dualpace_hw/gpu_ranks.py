@@ -193,14 +193,12 @@ def _leave_group(wait_s: float = 30.0) -> bool:
     collectives is destroyed (pytorch#115388). On the 2-GPU box, with the graphs still held,
     both destroy and abort hung on every rank at the end of a finished run."""
     done = threading.Event()
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)  # torch >= 2.4
     nccl = dist.is_initialized() and dist.get_backend() == "nccl"
 
     def leave() -> None:
         with contextlib.suppress(Exception):
-            if nccl:
-                dist.distributed_c10d._abort_process_group()
-            else:
-                dist.destroy_process_group()
+            (abort if nccl and abort is not None else dist.destroy_process_group)()
         done.set()
 
     threading.Thread(target=leave, daemon=True, name="leave-group").start()
