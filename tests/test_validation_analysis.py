@@ -42,3 +42,9 @@ def test_gpu_round_classes_are_the_documented_ones(azure_dir):
               "docs/validation/h200x2/r4/real", env=env)
     assert re.search(r"-  vllm +decode only +1665 +16\.34 +11\.77 +1\.15", two)
     assert "dualpace" not in two  # only vLLM ran on two GPUs
+
+
+def test_cpu_step_figures_are_the_documented_ones(azure_dir):
+    out = run("cpu_steps.py", "8", "12", env={"DUALPACE_AZURE_DIR": str(azure_dir)})
+    assert re.search(r"8  Fused-Assist +1-3 +5 +1\.72", out)
+    assert re.search(r"12  Fused-Assist +4-15 +11 +2\.09", out)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from dualpace_sim.core import Request
 from dualpace_sim.core.journal import JOURNAL_FILE, Journal
+from dualpace_sim.core.routing import Route
+from dualpace_sim.costs.fit import route_cost
 from dualpace_sim.replay import _DualPaceCalls, _VllmCalls
 from dualpace_sim.scenario import load_scenario
 
@@ -38,14 +40,49 @@ def h200_run(rate: str) -> tuple[str, str]:
             f"docs/validation/r{rate}/real")
 
 
-def gpu_rounds(scenario: str, real: str, policy: str) -> Iterator[GpuRound]:
-    """One policy's GPU rounds in the real run directory `real` of `scenario`."""
+@dataclass(frozen=True)
+class CpuStep:
+    batch: int
+    route: Route
+    real_s: float  # schedule to apply, from the journal
+    model_s: float  # the simulator's step for the same plan, without waits for the GPU engine
+
+
+def _replaying(scenario: str, real: str, policy: str):
     loaded = load_scenario(scenario)
-    cost, bs = loaded.cost, loaded.policy_config(policy).block_size
+    bs = loaded.policy_config(policy).block_size
     requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, bs)
                 for i, s in enumerate(loaded.requests)]
     calls = (_DualPaceCalls if policy == "dualpace" else _VllmCalls)(loaded, requests)
-    journal = Journal.read(f"{real}/{JOURNAL_FILE.format(policy=policy)}")
+    return loaded.cost, calls, Journal.read(f"{real}/{JOURNAL_FILE.format(policy=policy)}")
+
+
+def cpu_steps(scenario: str, real: str) -> Iterator[CpuStep]:
+    """DualPace's CPU engine steps in the real run directory `real` of `scenario`, each beside
+    the simulator's price for its plan: pre-layer, overhead, N x (pre-attention + attention)
+    and the route's T_r(b) (its assists at their profiled cost, no stage-boundary waits)."""
+    cost, calls, journal = _replaying(scenario, real, "dualpace")
+    pending = None
+    for e in journal.entries:
+        calls(e)
+        if e.engine != "cpu":
+            continue
+        plan = calls.cpu_plan
+        if e.call == "schedule" and plan is not None and not plan.is_empty:
+            b = len(plan.batch)
+            model = (cost.cpu_pre_layer(b) + cost.cpu_iteration_overhead
+                     + cost.n_layers * cost.cpu_layer_local(b, plan.context)
+                     + route_cost(cost, b).t(plan.route.value))
+            pending = (e.t, b, plan.route, model)
+        elif e.call == "apply" and pending is not None:
+            start, b, route, model = pending
+            yield CpuStep(b, route, e.t - start, model)
+            pending = None
+
+
+def gpu_rounds(scenario: str, real: str, policy: str) -> Iterator[GpuRound]:
+    """One policy's GPU rounds in the real run directory `real` of `scenario`."""
+    cost, calls, journal = _replaying(scenario, real, policy)
     pending, index, cpu_step = None, 0, False
     for e in journal.entries:
         calls(e)
