@@ -434,14 +434,13 @@ class GpuExecutor:
         return time.perf_counter() - start, graphs
 
     def warm_graphs(self, max_rows: int, max_context: int) -> int:
-        """Capture the decode graphs of `decode_graph_keys`, kept from eviction, while the GPU
-        keeps `_WARM_FREE_BYTES` free (each graph holds its own activations and logits, up to
+        """Capture the decode graphs of `decode_graph_keys` while the GPU keeps
+        `_WARM_FREE_BYTES` free (each graph holds its own activations and logits, up to
         a few hundred MB for 512 rows; serving needs room for its eager prefill rounds). Those
         left out are captured on first use, as before. Returns how many were captured."""
         if not (self.cuda_graphs and self.cuda):
             return 0
         keys = decode_graph_keys(max_rows, max_context, self.pool.block_size)
-        self.max_graphs = max(self.max_graphs, len(keys))
         captured = 0
         for key in keys:
             if torch.cuda.mem_get_info(self.device)[0] < _WARM_FREE_BYTES:
@@ -452,7 +451,12 @@ class GpuExecutor:
         return captured
 
     def capture_graph(self, key: tuple[int, int]) -> None:
+        """A warm-up capture, kept from eviction. Tensor-parallel ranks make the same ones in
+        the same order (gpu_ranks.py), so their graph sets, and what they evict, stay alike:
+        a rank that re-captured a graph the other still had would run the capture's warm-up
+        all-reduces alone."""
         self._graphs[key] = _DecodeGraph(self, *key)
+        self.max_graphs = max(self.max_graphs, len(self._graphs))
 
     def warm_kernels(self) -> None:
         """Compile the paged decode kernel and its split merge for every split-count bucket."""
