@@ -50,6 +50,27 @@ def _pack(model: Model) -> tuple[Model, str]:
     return pack_model(model), "prepacked oneDNN bf16"
 
 
+def small_mixed_plan(tokens, block_size: int, n_blocks: int):
+    """A small batch with a prefill chunk, the kind bound by the host issuing each layer's
+    kernels: one 64-token chunk and 8 decodes of 16 tokens (their ids in `tokens`). It can run
+    again and again: the chunk stays a first chunk, the decodes stay at their length."""
+    from dualpace_sim.core import GpuPlan, Request
+
+    plan = GpuPlan()
+    for i in range(8):
+        r = Request.create(i, 0.0, 15, 16, block_size)
+        r.blocks = [i % n_blocks]
+        r.token_times.append(0.0)
+        tokens.add(i, [1] * 16)
+        plan.decodes.append(r)
+    p = Request.create(8, 0.0, 64, 16, block_size)
+    p.blocks = [(8 + j) % n_blocks for j in range(-(-64 // block_size))]
+    tokens.add(8, [1] * 64)
+    plan.prefills.append(PrefillChunk(p, 0, 64, False, True))
+    plan.decode_context = 8 * 16
+    return plan
+
+
 def cpu_layer_ring(shape: ModelShape, cache_bytes: int, most: int = 16) -> int:
     """How many distinct layers the CPU dense stages are timed over: enough that their weights
     are twice the last-level cache. Timed on one layer over and over, a stage whose weights fit
@@ -277,24 +298,12 @@ class Measurer:
         a small mixed batch (one 64-token chunk, 8 decodes) through the executor's layer,
         back to back, so where the GPU is faster than the host this is the host's time to
         issue the layer's kernels (the stage tables are graph replays and leave it out)."""
-        from dualpace_sim.core import GpuPlan, Request
-
         from ..gpu_executor import GpuExecutor
         from ..migrate import CopyGroup
         from ..tokens import TokenStore
 
-        tokens, plan = TokenStore(), GpuPlan()
-        for i in range(8):
-            r = Request.create(i, 0.0, 15, 16, self.bs)
-            r.blocks = [i % self.gpu_pool.n_blocks]
-            r.token_times.append(0.0)
-            tokens.add(i, [1] * 16)
-            plan.decodes.append(r)
-        p = Request.create(8, 0.0, 64, 16, self.bs)
-        p.blocks = [(8 + j) % self.gpu_pool.n_blocks for j in range(-(-64 // self.bs))]
-        tokens.add(8, [1] * 64)
-        plan.prefills.append(PrefillChunk(p, 0, 64, False, True))
-        plan.decode_context = 8 * 16
+        tokens = TokenStore()
+        plan = small_mixed_plan(tokens, self.bs, self.gpu_pool.n_blocks)
         ex = GpuExecutor(self.gpu, self.gpu_pool, tokens, cuda_graphs=False)
         batch, state, copies = ex.prepare(plan), _State(), CopyGroup()
         ex._pre_layer(batch, state)
