@@ -132,6 +132,8 @@ class AssistServer:
         self.calls = 0
         self.wait_s = 0.0  # CPU-Ready -> GPU-Running, summed: the stage-boundary wait
         self.service_s = 0.0  # GPU-Running -> GPU-Done, summed
+        self.gpu_s = 0.0  # the assists' own GPU time (CUDA events), summed: the service less
+        # the GPU stage each one queued behind and the host's part
         self.expecting = False  # the CPU engine is in a step that needs Dense Assist
 
     def serve(self, ex: GpuExecutor) -> bool:
@@ -141,12 +143,17 @@ class AssistServer:
             return False
         start, t0 = time.perf_counter(), self.engines.now()
         kind, layer, rows, waited = b.take()
+        began = _timing_event(ex)
         # Results go straight into the shared buffers (one DMA on CUDA, no CPU copy).
         if kind == "lS":
             ex.assist_post_layer(b.residual[:rows], out=b.tokens[:rows])
         else:
             out = b.hidden[:rows] if kind == "p" else b.tokens[:rows]
             getattr(ex, self._METHODS[kind])(layer, b.attn[:rows], b.residual[:rows], out=out)
+        if began is not None:
+            ended = _timing_event(ex)
+            ended.synchronize()  # the assist synchronized already: this returns at once
+            self.gpu_s += began.elapsed_time(ended) / 1e3
         b.done()
         self.calls += 1
         self.wait_s += waited
@@ -156,6 +163,15 @@ class AssistServer:
         return True
 
 
+def _timing_event(ex: GpuExecutor) -> torch.cuda.Event | None:
+    """A timing event recorded now on the executor's stream (None off CUDA)."""
+    if not ex.cuda:
+        return None
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
 @dataclass
 class RunStats:
     gpu_rounds: int = 0
@@ -163,6 +179,7 @@ class RunStats:
     assist_calls: int = 0
     assist_wait_s: float = 0.0  # Dense Assists: CPU-Ready -> GPU-Running (stage boundaries)
     assist_service_s: float = 0.0  # GPU-Running -> GPU-Done (inputs in, stage, outputs out)
+    assist_gpu_s: float = 0.0  # of which the assists' own GPU work (CUDA; 0 on the CPU)
     cpu_assist_s: float = 0.0  # the CPU engine's process, waiting on its assists end to end
     cpu_busy_s: float = 0.0
     gpu_busy_s: float = 0.0
@@ -347,7 +364,7 @@ class DualPaceRuntime(_Engines):
         finally:
             ch = self.channel
             self.stats.assist_calls, self.stats.assist_wait_s = ch.calls, ch.wait_s
-            self.stats.assist_service_s = ch.service_s
+            self.stats.assist_service_s, self.stats.assist_gpu_s = ch.service_s, ch.gpu_s
             self.cpu_engine.close()
             self.close_gpu()
 

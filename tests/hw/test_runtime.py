@@ -73,6 +73,7 @@ def serve_and_check_reference(loaded, runtime, assists: bool,
     assert Owner.CPU in owners, "the CPU engine decoded some tokens"
     if assists:
         assert runtime.stats.assist_calls > 0
+        assert runtime.stats.assist_service_s > runtime.stats.assist_gpu_s == 0.0  # no CUDA
     runtime.state.check_invariants()
     assert runtime.state.hbm.used == runtime.state.host.used == 0
 
