@@ -235,6 +235,8 @@ def test_assist_block_hands_off_at_a_boundary_and_lets_go_on_stop():
     server = AssistServer(block, _Engines([], 16, 8))
 
     class FakeGpu:
+        cuda = False
+
         def assist_post_layer(self, hidden, out):
             return out.copy_(hidden.sum(1).long() + 1)
 
