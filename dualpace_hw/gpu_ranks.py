@@ -26,10 +26,12 @@ one shared pool, and each rank copies its own KV heads of each page over its own
 batch's attention output from the shared assist buffers and join rank 0's post-attention
 all-reduces; the post-layer is replicated, so only rank 0 runs it and writes the results.
 
-Shutdown: every rank leaves the process group together (NCCL's teardown waits for all of them:
-on the 2-GPU box, rank 0 hung there once rank 1 had exited first), each within a time limit,
-then the processes are stopped. A rank that dies ends the run with its name, also when rank 0
-is blocked in a collective with it (the runtime's main thread watches the processes).
+Shutdown: every rank releases its CUDA graphs, then leaves the process group, each within a
+time limit, and the processes are stopped. NCCL's teardown waits until every graph that
+captured one of its all-reduces is gone: on the 2-GPU box, with the decode graphs still held,
+every rank hung there at the end of a finished run. A rank that dies ends the run with its
+name, also when rank 0 is blocked in a collective with it (the runtime's main thread watches
+the processes).
 """
 
 from __future__ import annotations
