@@ -30,6 +30,7 @@ import threading
 import time
 
 import torch
+from profile_args import add_profile_arguments, profile_from
 
 from dualpace_hw.cpu_executor import CpuStep
 from dualpace_hw.cpu_worker import CpuEngineProcess
@@ -39,7 +40,7 @@ from dualpace_hw.model import Model, ModelWeights
 from dualpace_hw.runtime import AssistServer, _Engines
 from dualpace_hw.tokens import TokenStore
 from dualpace_sim.core.routing import Route
-from dualpace_sim.costs import CostModel, ModelShape, load_profile, load_spec, synthesize
+from dualpace_sim.costs import CostModel
 from dualpace_sim.costs.fit import route_cost
 
 ROUTES = (Route.FUSED_ASSIST, Route.FULL_CPU, Route.SPLIT_FINAL)  # the open gap first
@@ -109,11 +110,7 @@ def write_json(args: argparse.Namespace, model: str, cores: list[int] | None,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--profile", help="a measured profile of this box (its model is used)")
-    src.add_argument("--roofline", help="a hardware spec name (with --model), for smoke runs")
-    ap.add_argument("--model", default=None, help="model name with --roofline")
-    ap.add_argument("--device", default="cuda")
+    add_profile_arguments(ap)
     ap.add_argument("--cpu-cores", type=int, default=None,
                     help="cores of the CPU engine (the first N; the rest run this process)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
@@ -124,12 +121,7 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    if args.profile:
-        profile = load_profile(args.profile)
-    else:
-        if not args.model:
-            ap.error("--roofline needs --model")
-        profile = synthesize(load_spec(args.roofline), ModelShape.from_name(args.model))
+    profile = profile_from(ap, args)
     cm, shape = CostModel(profile), profile.model
     bs, dev = profile.block_size, torch.device(args.device)
     cores_all = sorted(os.sched_getaffinity(0))

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from profile_args import add_profile_arguments, profile_from
 
 from dualpace_hw.cpu_worker import CpuEngineProcess
 from dualpace_hw.gpu_executor import GpuExecutor, _State
@@ -42,7 +43,7 @@ from dualpace_hw.processes import on_cores
 from dualpace_hw.profiler.measure import small_mixed_plan
 from dualpace_hw.runtime import AssistServer, _Engines
 from dualpace_hw.tokens import TokenStore
-from dualpace_sim.costs import CostModel, ModelShape, load_profile, load_spec, synthesize
+from dualpace_sim.costs import CostModel
 
 
 def median_s(fn: Callable[[], None], device: torch.device, rounds: int, warmups: int = 3
@@ -61,22 +62,13 @@ def median_s(fn: Callable[[], None], device: torch.device, rounds: int, warmups:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--profile", help="a measured profile of this box (its model is used)")
-    src.add_argument("--roofline", help="a hardware spec name (with --model), for smoke runs")
-    ap.add_argument("--model", default=None, help="model name with --roofline")
-    ap.add_argument("--device", default="cuda")
+    add_profile_arguments(ap)
     ap.add_argument("--cpu-cores", type=int, required=True,
                     help="cores of the CPU engine (the first N; its GPU engine keeps the rest)")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
-    if args.profile:
-        profile = load_profile(args.profile)
-    else:
-        if not args.model:
-            ap.error("--roofline needs --model")
-        profile = synthesize(load_spec(args.roofline), ModelShape.from_name(args.model))
+    profile = profile_from(ap, args)
     cm, shape, bs = CostModel(profile), profile.model, profile.block_size
     dev = torch.device(args.device)
     cores = sorted(os.sched_getaffinity(0))
