@@ -19,6 +19,7 @@ from dualpace_sim.records import records_frame, write_records
 from dualpace_sim.runner import _json_safe
 from dualpace_sim.scenario import LoadedScenario
 from dualpace_sim.trace_events import TraceRecorder, write_trace
+from dualpace_sim.validate import RUN_PROFILE
 
 from .cpu_worker import CpuEngineProcess
 from .model import ModelWeights
@@ -80,6 +81,7 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
             raise ValueError(f"--policy {', '.join(unknown)}: not in the scenario's policies "
                              f"({', '.join(loaded.spec.policies)}); name some of those")
     out.mkdir(parents=True, exist_ok=True)
+    loaded.profile.save(out / RUN_PROFILE)  # what `dualpace-sim validate` compares it with
     frames: dict[str, pd.DataFrame] = {}
     summaries = []
     traces: list[TraceRecorder] = []

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from .costs.profile import load_profile
 from .metrics import summarize
 from .plots import plot_latency_cdf_overlay, plot_timeline_overlay
 from .records import read_records, write_records
@@ -49,6 +50,8 @@ METRICS = (
     "makespan_s",
 )
 COLUMNS = ("policy", "metric", "simulated", "real", "relative_error")
+
+RUN_PROFILE = "profile.yaml"  # in a real run's directory: the calibration profile it ran with
 
 # A summary.json value further than this (relative) from what its own records give is reported.
 SUMMARY_RTOL = 1e-6
@@ -120,6 +123,26 @@ def read_real_run(path: Path | str) -> RealRun:
             raise ValidateError(f"{path}: requests.parquet has rows of policy {policy!r} but "
                                 f"summary.json does not list it")
     return RealRun(path, summaries, {p: frames[p] for p in summaries})
+
+
+def load_for_real_run(scenario: Path | str, real_dir: Path) -> tuple[LoadedScenario, list[str]]:
+    """The scenario with the calibration profile the real run was made with (REAL/profile.yaml,
+    which `dualpace-hw run` writes): its controls decided the run's scheduling, so a box
+    re-profiled since must not change what the run is compared with, nor break its replay.
+    Runs without that file get the scenario's profile."""
+    recorded = real_dir / RUN_PROFILE
+    if not recorded.is_file():
+        return load_scenario(scenario), []
+    try:
+        profile = load_profile(recorded)
+    except ValueError as e:
+        raise ValidateError(f"{recorded}: {str(e).splitlines()[0]}") from None
+    loaded = load_scenario(scenario, profile=profile)
+    current = load_scenario(scenario).profile
+    notes = [] if current == profile else [
+        f"the scenario's calibration profile has changed since this run; compared with the "
+        f"profile the run used ({recorded})"]
+    return loaded, notes
 
 
 def check_against_scenario(real: RealRun, loaded: LoadedScenario) -> list[str]:
@@ -265,8 +288,8 @@ def validate(real_dir: Path | str, scenario: Path | str, out_dir: Path | str | N
     (bad scenario) or SimulationStalled (the simulator cannot serve the load).
     """
     real = read_real_run(real_dir)
-    loaded = load_scenario(scenario)
-    notes = check_against_scenario(real, loaded)
+    loaded, notes = load_for_real_run(scenario, real.path)
+    notes += check_against_scenario(real, loaded)
     out = Path(out_dir) if out_dir is not None else real.path / "validation"
 
     sim_frames: dict[str, pd.DataFrame] = {}

@@ -17,9 +17,11 @@ from typer.testing import CliRunner
 from dualpace_sim.cli import app
 from dualpace_sim.records import read_records, write_records
 from dualpace_sim.runner import run_scenario
+from tests.conftest import RTX4090_LLAMA
 from dualpace_sim.validate import (
     COLUMNS,
     METRICS,
+    RUN_PROFILE,
     format_table,
     relative_error,
     validate,
@@ -247,3 +249,28 @@ def test_a_gpu_split_other_than_the_profiles_is_a_note(real_run):
     notes = [n for n in result.notes if "tensor-parallel GPU" in n]
     assert len(notes) == len(summary)
     assert all("profile describes 1" in n and "--gpu-tp 2" in n for n in notes)
+
+
+def test_a_run_is_compared_with_the_profile_it_was_made_with(write_scenario, tmp_path):
+    """A box re-profiled after a real run: the run's own profile.yaml (which `dualpace-hw run`
+    writes) is what it is compared with and replayed against, with a note; without that file
+    the scenario's current profile would give other numbers."""
+    from dualpace_sim.costs import load_profile
+
+    made_with = load_profile(RTX4090_LLAMA)
+    made_with = made_with.model_copy(update={"cpu": made_with.cpu.model_copy(
+        update={"iteration_overhead_s": made_with.cpu.iteration_overhead_s + 0.02})})
+    made_with.save(tmp_path / "then.yaml")
+    scenario_then = write_scenario("then.yaml.scenario", profile=str(tmp_path / "then.yaml"),
+                                   **FIELDS)
+    real = tmp_path / "real"
+    run_scenario(scenario_then, real, progress=False)
+    scenario_now = write_scenario(**FIELDS)  # the scenario, its profile since replaced
+
+    stale = validate(real, scenario_now, tmp_path / "stale")
+    assert (stale.table["relative_error"] != 0).any()
+
+    made_with.save(real / RUN_PROFILE)
+    result = validate(real, scenario_now, tmp_path / "fair")
+    assert (result.table["relative_error"] == 0).all(), result.table
+    assert any("has changed since this run" in n for n in result.notes)

@@ -222,7 +222,7 @@ class Measurer:
 
     # --- Dense Assist on the GPU worker -------------------------------------------------------
 
-    def _assist_executor(self):
+    def assist_executor(self):
         if self._assist is None:
             from ..gpu_executor import GpuExecutor
             from ..tokens import TokenStore
@@ -233,7 +233,7 @@ class Measurer:
     def assist(self, kind: str, b: int) -> tuple[float, float]:
         """(g_x(b), CPU-visible wall time of the same call): the complete CUDA path of one
         assist, activations in and results out, and what the caller waited for it."""
-        ex = self._assist_executor()
+        ex = self.assist_executor()
         a, r = self._attn(b, "cpu"), self._hidden(b, "cpu")
         call = {
             "p": lambda: ex.assist_post_attn(0, a, r),

@@ -19,9 +19,11 @@ from dualpace_sim.costs.profile import Profile
 from dualpace_sim.costs.shapes import ModelShape
 
 from .. import hostinfo as box
+from ..cpu_worker import ASSIST_KINDS
 from ..processes import on_cores
 from ..tp import shard_shape
 from .grids import Grids
+from .handshake import Handshake, measure_handshake
 from .load import cpu_engine_load
 from .measure import Measurer
 from .ranks import CPU_STAGES, GPU_STAGES, CpuRanks, GpuRanks
@@ -181,7 +183,7 @@ def run_profile(opt: Options) -> Profile:
     with contextlib.ExitStack() as stack:
         tables, gpu = _start_ranks(opt, m, grids, protocol, threads, stack)
         n_points = sum(len(x) * (len(y) if y else 1) for _, x, y, _ in tables)
-        n_points += 6 * len(grids.cpu_batches) + 6
+        n_points += 6 * len(grids.cpu_batches) + 6 + (6 if opt.gpu_tp == 1 else 0)
         bar = stack.enter_context(tqdm(total=n_points, disable=not opt.progress, unit="pt"))
 
         def point(key: str, measure: Callable[[], float]) -> float:
@@ -210,6 +212,9 @@ def run_profile(opt: Options) -> Profile:
                 overhead.append(max(wall_s - cuda_s, 0.0))
             values[f"assist.g_{kind}"] = {"x": grids.cpu_batches, "y": g}
             waits[kind] = sum(overhead) / len(overhead)
+        q, o = waits, waits  # under GPU tensor parallelism: the in-process overhead
+        if opt.gpu_tp == 1:
+            q, o = _handshake(opt, m, grids, protocol, values, box_cores, threads, point)
         link = {k: point(f"link.{k}", lambda k=k: gpu.link()[k])
                 for k in ("h2d_bytes_per_s", "d2h_bytes_per_s", "latency_s")}
         poll = point("assist.poll_s", m.poll_s)
@@ -220,7 +225,7 @@ def run_profile(opt: Options) -> Profile:
         if opt.gpu_tp == 1:
             beside = point("gpu.eager_layer_beside_cpu_s",
                            lambda: _eager_beside_cpu(opt, m, box_cores, threads))
-    profile = _assemble(opt, m, values, waits, link, poll, launch, overhead, eager, beside,
+    profile = _assemble(opt, m, values, q, o, link, poll, launch, overhead, eager, beside,
                         threads, protocol)
     profile.save(opt.out)
     result = fit_controls(profile)
@@ -234,6 +239,26 @@ def run_profile(opt: Options) -> Profile:
         print(f"note: fit plots skipped ({e})")
     ckpt.path.unlink(missing_ok=True)
     return fitted
+
+
+def _handshake(opt: Options, m: Measurer, grids: Grids, protocol: Protocol, values: dict,
+               box_cores: list[int], threads: int, point: Callable) -> tuple[dict, dict]:
+    """q_x and o_x through the runtime's Dense Assist control path (handshake.py), measured
+    once for all six checkpointed points."""
+    measured: list[Handshake] = []
+
+    def handshake() -> Handshake:
+        if not measured:
+            g = {k: values[f"assist.g_{k}"]["y"] for k in ASSIST_KINDS}
+            measured.append(measure_handshake(
+                opt.shape, m.assist_executor(), grids.cpu_batches, g, box_cores[:threads],
+                box_cores[threads:] or box_cores, warmups=protocol.warmups,
+                repeats=max(3, min(30, protocol.invocations))))
+        return measured[0]
+
+    q = {k: point(f"assist.q_{k}", lambda k=k: handshake().q[k]) for k in ASSIST_KINDS}
+    o = {k: point(f"assist.o_{k}", lambda k=k: handshake().o[k]) for k in ASSIST_KINDS}
+    return q, o
 
 
 def _eager_beside_cpu(opt: Options, m: Measurer, box_cores: list[int], threads: int) -> float:
@@ -270,7 +295,7 @@ def _capacities(opt: Options, gpu_device: torch.device) -> tuple[int, int, dict]
     return int(gpu_bytes // block_bytes), int(host_bytes // block_bytes), params
 
 
-def _assemble(opt: Options, m: Measurer, v: dict, waits: dict, link: dict, poll: float,
+def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, poll: float,
               launch: float, overhead: float, eager: float, beside: float | None, threads: int,
               protocol: Protocol) -> Profile:
     gpu_blocks, host_blocks, params = _capacities(opt, m.gpu_device)
@@ -283,9 +308,15 @@ def _assemble(opt: Options, m: Measurer, v: dict, waits: dict, link: dict, poll:
         "(twice the last-level cache: weights from memory, as in a decode step); GPU decode "
         f"attention via {m.gpu_decode.__module__}; "
         f"decode contexts beyond {m.grids.max_request_context} tokens per request extended "
-        "along the line through the cap and half the cap. q_x = o_x = the in-process host "
-        "overhead of an assist call (wall minus CUDA time); the runtime's shared-memory "
-        "handshake is not included. Iteration overheads (both engines) = the GPU executor "
+        "along the line through the cap and half the cap. "
+        + ("q_x = o_x = the in-process host overhead of an assist call (wall minus CUDA "
+           "time; the shared-memory handshake not timed under GPU tensor parallelism). "
+           if opt.gpu_tp > 1 else
+           "q_x, o_x: each assist through the runtime's shared control block (a client "
+           "process on the CPU engine's cores, the runtime's AssistServer on the rest): the "
+           "client's CPU-Ready to GPU-Done wait and the server's service, each less g_x(b), "
+           "averaged over the CPU batch sizes. ")
+        + "Iteration overheads (both engines) = the GPU executor "
         "building a 64-request decode batch. gpu.eager_layer_s = one layer of a small mixed "
         "batch run eagerly, back to back (the host's launch floor of prefill rounds); "
         "gpu.eager_layer_beside_cpu_s = the same on the cores the CPU engine leaves, beside a "
@@ -313,7 +344,7 @@ def _assemble(opt: Options, m: Measurer, v: dict, waits: dict, link: dict, poll:
         "cpu": {k.split(".", 1)[1]: t for k, t in v.items() if k.startswith("cpu.")}
         | {"iteration_overhead_s": overhead, "kv_capacity_blocks": host_blocks},
         "assist": {"g_p": v["assist.g_p"], "g_lA": v["assist.g_lA"], "g_lS": v["assist.g_lS"],
-                   "q": waits, "o": waits, "poll_s": poll},
+                   "q": q, "o": o, "poll_s": poll},
         "link": link,
         "neo": {"launch_s": launch},
     }

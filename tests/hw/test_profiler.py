@@ -60,6 +60,9 @@ def test_quick_profile_has_provenance_fits_and_plots(quick_profile):
     # the eager floor measured again beside a stand-in CPU engine, as DualPace runs it
     assert profile.gpu.eager_layer_beside_cpu_s > 0 and profile.gpu.eager_layer_s > 0
     assert "gpu.eager_layer_beside_cpu_s" in prov.notes
+    # q and o through the runtime's shared control block (handshake.py), not in-process
+    assert "shared control block" in prov.notes
+    assert min(profile.assist.q.p, profile.assist.q.lA, profile.assist.q.lS) > 0
     check_magnitudes(profile, str(out))
 
 

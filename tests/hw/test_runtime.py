@@ -27,9 +27,11 @@ from dualpace_hw.serve import build_runtime, run_real
 from dualpace_hw.shm import SharedArena
 from dualpace_sim.core import Owner
 from dualpace_sim.core.journal import JOURNAL_FILE, Journal
+from dualpace_sim.costs import load_profile
 from dualpace_sim.records import read_records
 from dualpace_sim.replay import replay, replay_run
 from dualpace_sim.scenario import load_scenario
+from dualpace_sim.validate import RUN_PROFILE
 
 from .reference import dense_logits
 
@@ -182,6 +184,8 @@ def test_run_command_writes_what_the_simulator_writes(tmp_path):
     assert (records["n_tokens"] == records["max_tokens"]).all()
     assert (out / "timeline.png").exists()
     check_real_trace(out / "trace.json", summary)
+    # the calibration profile it ran with, for `dualpace-sim validate` to compare it with
+    assert load_profile(out / RUN_PROFILE) == load_scenario(path).profile
 
 
 def test_run_takes_the_policies_asked_for_in_the_order_given(tmp_path):

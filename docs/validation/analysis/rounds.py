@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from dualpace_sim.core import Request
 from dualpace_sim.core.journal import JOURNAL_FILE, Journal
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs.fit import route_cost
 from dualpace_sim.replay import _DualPaceCalls, _VllmCalls
-from dualpace_sim.scenario import load_scenario
+from dualpace_sim.validate import load_for_real_run
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class CpuStep:
 
 
 def _replaying(scenario: str, real: str, policy: str):
-    loaded = load_scenario(scenario)
+    loaded = load_for_real_run(scenario, Path(real))[0]  # with the profile the run used
     bs = loaded.policy_config(policy).block_size
     requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, bs)
                 for i, s in enumerate(loaded.requests)]
