@@ -280,19 +280,6 @@ def _worker_main(conn, spec: WorkerSpec) -> None:
         raise
 
 
-def omp_env(cores: Sequence[int] | None) -> dict[str, str]:
-    """OpenMP settings for a CPU engine process on `cores`. On cores of its own (others left
-    for the rest of the runtime) its thread team spins between parallel regions instead of
-    sleeping: a Fused-Assist step waits on 32 assists, and a team put to sleep in each wait
-    pays to wake up again in every layer. A policy the user set (OMP_WAIT_POLICY or
-    GOMP_SPINCOUNT) is kept."""
-    if not cores or {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ):
-        return {}
-    if not set(range(os.cpu_count() or 1)) - set(cores):
-        return {}  # every core: spinning would take them from the GPU engine's thread
-    return {"OMP_WAIT_POLICY": "ACTIVE"}
-
-
 class CpuEngineProcess:
     """The parent's handle on the CPU engine's process(es) and the memory it shares with them.
 
@@ -360,8 +347,7 @@ class CpuEngineProcess:
             raise
 
     def _spawn(self, spec: WorkerSpec) -> None:
-        proc, conn = spawn(_worker_main, spec, f"dualpace-cpu-engine-{spec.rank}",
-                           omp_env(spec.cores))
+        proc, conn = spawn(_worker_main, spec, f"dualpace-cpu-engine-{spec.rank}")
         self.procs.append(proc)
         self.conns.append(conn)
 

@@ -15,23 +15,12 @@ from collections.abc import Callable, Collection
 import torch
 
 
-def spawn(target: Callable, spec: object, name: str, env: dict[str, str] | None = None
-          ) -> tuple[mp.Process, object]:
-    """Start `target(conn, spec)` in a new daemon process; returns (process, parent's end).
-    `env`: variables the child starts with (read by libraries as they load, e.g. OpenMP's)."""
+def spawn(target: Callable, spec: object, name: str) -> tuple[mp.Process, object]:
+    """Start `target(conn, spec)` in a new daemon process; returns (process, parent's end)."""
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
     proc = ctx.Process(target=target, args=(child, spec), daemon=True, name=name)
-    saved = {k: os.environ.get(k) for k in env or {}}
-    os.environ.update(env or {})
-    try:
-        proc.start()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    proc.start()
     child.close()
     return proc, conn
 

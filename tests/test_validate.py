@@ -17,7 +17,6 @@ from typer.testing import CliRunner
 from dualpace_sim.cli import app
 from dualpace_sim.records import read_records, write_records
 from dualpace_sim.runner import run_scenario
-from tests.conftest import RTX4090_LLAMA
 from dualpace_sim.validate import (
     COLUMNS,
     METRICS,
@@ -26,6 +25,7 @@ from dualpace_sim.validate import (
     relative_error,
     validate,
 )
+from tests.conftest import RTX4090_LLAMA
 
 runner = CliRunner()
 

@@ -1,24 +1,23 @@
 """Dense Assist through the runtime's own control path: q_x and o_x as Eq. 14 means them.
 
-The assist tables g_x(b) are the CUDA time of one assist called in-process. Serving pays more
-around that: the CPU engine publishes CPU-Ready in the shared control block, the GPU engine's
-thread takes it, launches the stage, copies the result into the shared buffer and publishes
-GPU-Done, and the CPU engine sees it. On the H200 box that path cost 0.3-0.4 ms per assist
-beyond g (benchmarks/cpu_step_vs_model.py), where the profile used to carry the in-process
-host overhead (10-60 us); the simulator then undercharged every Fused-Assist step by 32 such
-gaps, and at 12 req/s predicted a CPU tier that kept up where the real one fell behind.
-
-Here that path runs as in serving: a client process on the CPU engine's cores publishes
-requests through an `AssistBlock` in a shared (CUDA-pinned) arena, spinning on it as the CPU
-engine's process does, and this process serves them with the runtime's `AssistServer` on the
-cores left, as the GPU engine's thread does at a stage boundary. Per assist kind, averaged
-over the profiled CPU batch sizes as before:
+The assist tables g_x(b) are the CUDA time of one assist called in-process. Serving adds the
+runtime's control path around that: the CPU engine publishes CPU-Ready in the shared control
+block, the GPU engine's thread takes it, launches the stage, copies the result into the shared
+buffer and publishes GPU-Done, and the CPU engine sees it. q_x and o_x are that path's cost, so
+they are measured on it: a client process on the CPU engine's cores publishes requests through
+an `AssistBlock` in a shared (CUDA-pinned) arena, spinning on it as the CPU engine's process
+does, and this process serves them with the runtime's `AssistServer` on the cores left, as the
+GPU engine's thread does at a stage boundary. Per assist kind, averaged over the profiled CPU
+batch sizes:
 
 * q_x = the client's CPU-Ready -> GPU-Done wait less g_x(b): the CPU-visible wait beyond g;
 * o_x = the server's GPU-Running -> GPU-Done wall less g_x(b): the GPU-main time it displaces
   beyond g.
 
-Neither holds the wait for a stage boundary: the simulator places assists at boundaries itself.
+Neither holds the wait for a stage boundary, nor for the stage the GPU engine keeps queued
+ahead: the simulator places assists itself (sim/gpu.py). On the H200 box the path costs
+2-10 us beyond g, so the 0.9 ms by which serving's assists outlast their CUDA time
+(docs/validation) is not the handshake.
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ from dualpace_sim.costs.shapes import ModelShape
 
 from ..kv import PagedKVPool
 from ..model import Model, ModelWeights
-from ..cpu_worker import omp_env
 from ..processes import spawn, stop
 
 ROWS, CONTEXT = 16, 1024
@@ -72,7 +71,7 @@ def _load_main(conn, spec: LoadSpec) -> None:
 def cpu_engine_load(shape: ModelShape, seed: int, block_size: int, cores: list[int]):
     """Run the stand-in CPU engine on `cores` for the duration of the block."""
     proc, conn = spawn(_load_main, LoadSpec(shape, seed, block_size, tuple(cores)),
-                       "dualpace-profile-cpu-load", omp_env(cores))  # as the real one runs
+                       "dualpace-profile-cpu-load")
     try:
         msg = conn.recv()
         if msg[0] != "ready":

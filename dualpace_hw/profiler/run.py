@@ -7,6 +7,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -162,6 +163,9 @@ def _start_ranks(opt: Options, m: Measurer, grids: Grids, protocol: Protocol, th
     return tables, gpu
 
 
+FLOOR_SAMPLES = 3  # the eager floors, measured at the start, middle and end of a profile
+
+
 def run_profile(opt: Options) -> Profile:
     gpu_device = _device(opt.gpu_device)
     _check_gpu_tp(opt, gpu_device)
@@ -184,6 +188,7 @@ def run_profile(opt: Options) -> Profile:
         tables, gpu = _start_ranks(opt, m, grids, protocol, threads, stack)
         n_points = sum(len(x) * (len(y) if y else 1) for _, x, y, _ in tables)
         n_points += 6 * len(grids.cpu_batches) + 6 + (6 if opt.gpu_tp == 1 else 0)
+        n_points += FLOOR_SAMPLES * (2 if opt.gpu_tp == 1 else 1)
         bar = stack.enter_context(tqdm(total=n_points, disable=not opt.progress, unit="pt"))
 
         def point(key: str, measure: Callable[[], float]) -> float:
@@ -192,7 +197,23 @@ def run_profile(opt: Options) -> Profile:
             bar.update()
             return v
 
-        for name, xs, ys, measure in tables:
+        floors: list[tuple[float, float | None]] = []
+
+        def sample_floors() -> None:
+            """The eager floors once more: the host's speed drifts within minutes, so they are
+            sampled at the start, the middle and the end of the run."""
+            i = len(floors)
+            eager = point(f"gpu.eager_layer_s|{i}", gpu.eager_layer)
+            beside = None
+            if opt.gpu_tp == 1:
+                beside = point(f"gpu.eager_layer_beside_cpu_s|{i}",
+                               lambda: _eager_beside_cpu(opt, m, box_cores, threads))
+            floors.append((eager, beside))
+
+        sample_floors()
+        for t, (name, xs, ys, measure) in enumerate(tables):
+            if t == len(tables) // 2:
+                sample_floors()
             if ys is None:
                 values[name] = {"x": xs, "y": [
                     point(f"{name}|{x}", lambda x=x, f=measure: f(x)) for x in xs]}
@@ -220,12 +241,8 @@ def run_profile(opt: Options) -> Profile:
         poll = point("assist.poll_s", m.poll_s)
         launch = point("neo.launch_s", m.neo_launch_s)
         overhead = point("iteration_overhead_s", m.iteration_overhead)
-        eager = point("gpu.eager_layer_s", gpu.eager_layer)
-        beside = None
-        if opt.gpu_tp == 1:
-            beside = point("gpu.eager_layer_beside_cpu_s",
-                           lambda: _eager_beside_cpu(opt, m, box_cores, threads))
-    profile = _assemble(opt, m, values, q, o, link, poll, launch, overhead, eager, beside,
+        sample_floors()
+    profile = _assemble(opt, m, values, q, o, link, poll, launch, overhead, floors,
                         threads, protocol)
     profile.save(opt.out)
     result = fit_controls(profile)
@@ -296,9 +313,11 @@ def _capacities(opt: Options, gpu_device: torch.device) -> tuple[int, int, dict]
 
 
 def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, poll: float,
-              launch: float, overhead: float, eager: float, beside: float | None, threads: int,
-              protocol: Protocol) -> Profile:
+              launch: float, overhead: float, floors: list[tuple[float, float | None]],
+              threads: int, protocol: Protocol) -> Profile:
     gpu_blocks, host_blocks, params = _capacities(opt, m.gpu_device)
+    eager = statistics.median(e for e, _ in floors)
+    beside = statistics.median(b for _, b in floors) if floors[0][1] is not None else None
     prov = box.provenance(m.gpu_device, threads, opt.command, dt.date.today().isoformat())
     prov["parameters"] = {**params, "warmups": protocol.warmups,
                           "invocations_max": protocol.invocations, "repeats": protocol.repeats}
@@ -321,7 +340,12 @@ def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, 
         "batch run eagerly, back to back (the host's launch floor of prefill rounds); "
         "gpu.eager_layer_beside_cpu_s = the same on the cores the CPU engine leaves, beside a "
         "stand-in CPU engine decoding on the profiled cores (DualPace's floor; not measured "
-        "under GPU tensor parallelism)."
+        "under GPU tensor parallelism). Each floor is the median of "
+        f"{len(floors)} measurements at the start, middle and end of the run (the host's "
+        "speed drifts): eager "
+        + ", ".join(f"{e * 1e3:.3f}" for e, _ in floors) + " ms"
+        + ("; beside " + ", ".join(f"{b * 1e3:.3f}" for _, b in floors) + " ms"
+           if beside is not None else "") + "."
         + (f" GPU tensor parallel over {opt.gpu_tp} ranks: every GPU table, the assists and "
            "the eager layer were timed on all ranks at once, each with its shard of the layer "
            "(all-reduces included), keeping the slowest rank's time (rank-critical); the link "

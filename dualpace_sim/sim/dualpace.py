@@ -115,7 +115,8 @@ class DualPaceNode(Node):
             landed = self._book_layer_copies(env.now, pre, layer, layer_bytes,
                                              [c.req for c in copies], landing)
             self.stats.prefills_to_cpu += len(landing)
-        start, last_layer_end = yield from self.gpu.run_batch(pre, layer, n, post)
+        start, last_layer_end = yield from self.gpu.run_batch(
+            pre, layer, n, post, stage_queued=self._gpu_paced(plan, layer))
         if copies:
             self._copies_land_s = max(landed, last_layer_end + self.link.d2h.duration(layer_bytes))
         if self.trace is not None:
@@ -169,6 +170,12 @@ class DualPaceNode(Node):
                 resume = self._assist("p", b, in_acts=2, out_acts=1)
                 yield env.timeout(resume - env.now + read + local + write)
             yield env.timeout(self._assist("lA", b, in_acts=2, out_acts=0) - env.now)
+
+    def _gpu_paced(self, plan: GpuPlan, layer: float) -> bool:
+        """Whether the GPU, not its host's launch floor, sets this batch's layer time."""
+        chunks = [(c.tokens, c.start + c.tokens) for c in plan.prefills]
+        return self.cost.gpu_layer_work(plan.n_tokens, chunks, len(plan.decodes),
+                                        plan.decode_context) >= layer
 
     def _assist(self, kind: str, b: int, in_acts: int, out_acts: int) -> float:
         """Hand one Dense Assist to the GPU worker now; returns when the CPU sees its result.

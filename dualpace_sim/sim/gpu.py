@@ -6,6 +6,14 @@ pre-layer and after each layer, i.e. also before the post-layer) and services it
 next stage; a running stage is never preempted. The boundaries of the current batch form an
 arithmetic progression, so finding "the next boundary after t" and pushing the rest of the batch
 back by an assist's service time are O(1) without one SimPy event per stage.
+
+Where the GPU sets the pace (graph-replayed decode layers, or eager layers slower than the
+host's launch floor), the real GPU engine keeps its host one stage ahead, so the GPU always
+has the next stage queued (dualpace_hw.runtime._StagePace): an assist the host takes at a
+boundary queues behind that stage and starts one boundary later. On the H200 box an assist's
+service ran 0.88 ms beyond its CUDA time on average at 12 req/s, where the handshake itself
+costs ~10 us (profiler/handshake.py). Where the host sets the pace the GPU has nothing queued
+and the assist starts at the boundary.
 """
 
 from __future__ import annotations
@@ -31,11 +39,14 @@ class GpuDevice:
         self._end = 0.0  # planned batch end, before shifts
         self._shift = 0.0  # total assist service inserted into the running batch
         self._next_k = 0  # first boundary that can still take an assist
+        self._ahead = 0  # stages queued ahead of an assist taken at a boundary (0 or 1)
 
-    def run_batch(self, pre_s: float, layer_s: float, n_layers: int, post_s: float):
+    def run_batch(self, pre_s: float, layer_s: float, n_layers: int, post_s: float,
+                  stage_queued: bool = False):
         """SimPy process body: wait for a pending assist, run the stages; returns when the
         batch started (after that wait) and when its last transformer layer finished (when its
-        Prefill-to-CPU copy can start)."""
+        Prefill-to-CPU copy can start). `stage_queued`: the GPU sets the pace, so the host
+        keeps the next stage queued and an assist runs one boundary later."""
         env = self.env
         while self.busy_until > env.now:
             yield env.timeout(self.busy_until - env.now)
@@ -46,6 +57,7 @@ class GpuDevice:
         self._end = self._first + n_layers * self._layer + post_s
         self._shift = 0.0
         self._next_k = 0
+        self._ahead = 1 if stage_queued else 0
         self._active = True
         while True:
             remaining = self._end + self._shift - env.now
@@ -67,7 +79,7 @@ class GpuDevice:
         self.assist_s += service_s
         if self._active:
             since_first = ready_s - self._shift - self._first
-            k = max(self._next_k, math.ceil(since_first / self._layer - 1e-9))
+            k = max(self._next_k, math.ceil(since_first / self._layer - 1e-9) + self._ahead)
             if k <= self._n_layers:  # at a stage boundary of the running batch
                 start = self._first + k * self._layer + self._shift
                 self._shift += service_s

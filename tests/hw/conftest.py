@@ -13,3 +13,13 @@ torch = pytest.importorskip("torch", reason="dualpace_hw needs the hw extra (tor
 def device() -> str:
     """Where the 'GPU path' runs: the CPU device in CI, CUDA on the accelerator machine."""
     return os.environ.get("DUALPACE_TEST_DEVICE", "cpu")
+
+
+@pytest.fixture
+def keep_the_cores():
+    """Code under test that pins this process (the profiler, the handshake's server) gets the
+    cores and thread count back for the next test."""
+    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    yield
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(threads)

@@ -3,8 +3,6 @@ a client process publishes through the shared control block, the runtime's Assis
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -20,12 +18,7 @@ SHAPE = BUILTIN_SHAPES["tiny-llama"]
 BATCHES = [1, 4]
 
 
-@pytest.fixture(autouse=True)
-def _keep_the_cores():
-    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
-    yield
-    os.sched_setaffinity(0, cores)
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("keep_the_cores")
 
 
 def _executor() -> GpuExecutor:

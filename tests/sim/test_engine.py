@@ -114,3 +114,17 @@ def test_a_host_filled_by_waiting_requests_is_reported_as_a_stall(write_scenario
     loaded = load_scenario(path)
     with pytest.raises(SimulationStalled, match="stalled at t=.*2 unfinished"):
         DualPaceNode(loaded.requests, loaded.cost, loaded.config).run()
+
+
+def test_assists_in_gpu_paced_batches_wait_for_the_stage_queued_ahead(write_scenario,
+                                                                       monkeypatch):
+    """The real GPU engine keeps the next stage queued where the GPU sets the pace, so an
+    assist it takes runs one stage later; the CPU engine's Fused-Assist steps feel that."""
+    path = write_scenario(scheduler={**PRESSURE, "cpu_batch_limit": 64, "route_p": 0,
+                                     "route_f": 0})
+    _, queued = simulate(path)
+    monkeypatch.setattr(DualPaceNode, "_gpu_paced", lambda self, plan, layer: False)
+    _, at_boundary = simulate(path)
+    per_round = lambda o: o.stats.cpu_busy_s / o.stats.cpu_rounds  # noqa: E731
+    assert queued.stats.assist_calls > 0
+    assert per_round(queued) > per_round(at_boundary)

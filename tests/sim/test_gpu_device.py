@@ -10,14 +10,15 @@ from dualpace_sim.sim.gpu import GpuDevice
 PRE, LAYER, N, POST = 1.0, 2.0, 4, 1.0  # a batch of 1 + 4*2 + 1 = 10 s
 
 
-def run_with_assists(stage_mode: bool, poll: float, assists: list[tuple[float, float]]):
+def run_with_assists(stage_mode: bool, poll: float, assists: list[tuple[float, float]],
+                     stage_queued: bool = False):
     """Start one batch at t=0 and book assists (ready time, service time) as the CPU would."""
     env = simpy.Environment()
     gpu = GpuDevice(env, poll_s=poll, stage_mode=stage_mode)
     starts, ends = [], []
 
     def batch():
-        yield from gpu.run_batch(PRE, LAYER, N, POST)
+        yield from gpu.run_batch(PRE, LAYER, N, POST, stage_queued)
         ends.append(env.now)
 
     def cpu():
@@ -46,6 +47,22 @@ def test_assist_at_a_boundary_and_after_earlier_shift():
     # boundaries are now 2 (after service), 4, 6, 8, 10: 4.5 -> next boundary at 6
     assert starts[1] == 6.0
     assert ends == [12.0]
+
+
+def test_where_the_gpu_sets_the_pace_an_assist_runs_after_the_stage_queued_ahead():
+    """The real GPU engine keeps its host one stage ahead of a GPU-paced batch: an assist taken
+    at a boundary queues behind that stage and starts one boundary later; the next one can
+    start no earlier than the boundary after that; past the last layer it runs after the
+    batch."""
+    _, starts, ends = run_with_assists(True, 0.0, [(2.0, 0.5), (3.2, 0.5)], stage_queued=True)
+    # noticed at boundary 3, queued behind the next layer: starts at 5 and ends at 5.5; the
+    # second, ready since 3.2, is taken then and queues behind the layer launched next: 7.5
+    assert starts == [5.0, 7.5]
+    assert ends == [11.0]
+    _, starts, ends = run_with_assists(True, 0.0, [(8.0, 0.5)], stage_queued=True)
+    assert starts == [10.0] and ends == [10.0]  # behind the post-layer: after the batch
+    _, starts, _ = run_with_assists(True, 0.0, [(2.0, 0.5)], stage_queued=False)
+    assert starts == [3.0]  # the host sets the pace: nothing queued, at the boundary
 
 
 def test_polling_cost_is_paid_at_every_boundary_in_stage_mode_only():
