@@ -1,0 +1,158 @@
+"""The CPU engine's decode step phase by phase, against the profiled stages it is priced from.
+
+Through the runtime's CPU engine process the step's CPU-local part (pre-attention and
+attention, every layer) cost 1.3-1.6x the model on the H200 box, and 1.35x in serving
+(benchmarks/results/h200-issue7/README.md); three suspects were ruled out there. This benchmark
+runs the same `CpuExecutor` step in this process, pinned to the CPU engine's cores, with each
+phase of it timed: pre-attention, the KV write, attention, the Dense Assists (served in-process
+by a GPU executor, no handshake) or the CPU post-attention, the post-layer, and the rest (the
+step's own Python between them). Each phase is set beside what the profile charges for it, so
+the phase that outruns its stage shows, and whether the excess also appears outside the CPU
+engine's process.
+
+    python benchmarks/cpu_step_phases.py --profile calibration/h200-spr16/llama-3.1-8b.yaml \\
+        --cpu-cores 14
+    python benchmarks/cpu_step_phases.py --roofline rtx4090-xeon4510-12c --model tiny-llama \\
+        --device cpu --batches 1 2 --context 32 --steps 2        # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import torch
+from profile_args import add_profile_arguments, profile_from
+
+from dualpace_hw import cpu_executor
+from dualpace_hw.cpu_executor import CpuExecutor, CpuStep
+from dualpace_hw.gpu_executor import GpuExecutor
+from dualpace_hw.kv import PagedKVPool
+from dualpace_hw.model import Model, ModelWeights
+from dualpace_hw.packed import pack_model
+from dualpace_hw.tokens import TokenStore
+from dualpace_sim.core.routing import Route
+from dualpace_sim.costs import CostModel
+
+PHASES = ("pre_attn", "kv_write", "attention", "assists", "post_attn", "post_layer")
+
+
+class Clock:
+    """Seconds per phase, summed over one step; the wrapped calls are synchronous."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = defaultdict(float)
+
+    def wrap(self, phase: str, fn: Callable) -> Callable:
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.spent[phase] += time.perf_counter() - start
+        return timed
+
+
+def instrument(ex: CpuExecutor, clock: Clock) -> None:
+    """Time the step's phases: the model's stages, the KV write, the attention kernel (the
+    module-level name the executor calls) and the assists."""
+    m = ex.model
+    m.pre_attn = clock.wrap("pre_attn", m.pre_attn)
+    m.post_attn = clock.wrap("post_attn", m.post_attn)
+    m.post_layer = clock.wrap("post_layer", m.post_layer)
+    ex.pool.write = clock.wrap("kv_write", ex.pool.write)
+    cpu_executor.cpu_paged_decode_attention = clock.wrap(
+        "attention", cpu_executor.cpu_paged_decode_attention)
+    if ex.assist is not None:
+        for name in ("assist_post_attn", "assist_fused_final", "assist_post_layer"):
+            setattr(ex.assist, name, clock.wrap("assists", getattr(ex.assist, name)))
+
+
+def model_phases(cm: CostModel, route: Route, b: int, context: int) -> dict[str, float]:
+    """What the simulator charges for each phase of one step (seconds)."""
+    n, total = cm.n_layers, b * context
+    attention = cm.cpu_decode_attn(b, total)
+    phases = {"pre_attn": n * (cm.cpu_layer_local(b, total) - attention),
+              "attention": n * attention, "kv_write": 0.0, "assists": 0.0,
+              "post_attn": 0.0, "post_layer": 0.0}
+    if route == Route.FULL_CPU:
+        phases["post_attn"] = n * cm.cpu_post_attn(b)
+        phases["post_layer"] = cm.cpu_post_layer(b)
+    else:  # Fused-Assist: every post-attention stage and the post-layer on the GPU
+        a_w, a_r = cm.cpu_assist_write(b), cm.cpu_assist_read(b)
+        phases["assists"] = ((n - 1) * (a_w + cm.assist_q("p") + cm.assist_gpu("p", b) + a_r)
+                             + a_w + cm.assist_q("lA") + cm.assist_gpu("lA", b))
+    phases["step"] = (sum(phases.values()) + cm.cpu_pre_layer(b)
+                      + cm.cpu_iteration_overhead)
+    return phases
+
+
+def measure(ex: CpuExecutor, clock: Clock, step: CpuStep, steps: int) -> dict[str, float]:
+    """Per phase, the median over `steps` steps (after one warm-up) of its seconds in a step."""
+    ex.run(step)
+    runs = []
+    for _ in range(steps):
+        clock.spent.clear()
+        start = time.perf_counter()
+        ex.run(step)
+        runs.append({"step": time.perf_counter() - start, **clock.spent})
+    out = {p: statistics.median(r.get(p, 0.0) for r in runs) for p in ("step", *PHASES)}
+    out["rest"] = statistics.median(r["step"] - sum(r.get(p, 0.0) for p in PHASES)
+                                    for r in runs)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_profile_arguments(ap)
+    ap.add_argument("--cpu-cores", type=int, default=None,
+                    help="cores of the CPU engine (the first N), as `dualpace-hw run` gives it")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--context", type=int, default=1024, help="tokens per request")
+    ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--routes", nargs="+", default=[Route.FUSED_ASSIST.value, Route.FULL_CPU.value],
+                    choices=[Route.FUSED_ASSIST.value, Route.FULL_CPU.value])
+    ap.add_argument("--json", default=None, help="also write the figures here")
+    args = ap.parse_args()
+    profile = profile_from(ap, args)
+    cm, shape, bs = CostModel(profile), profile.model, profile.block_size
+    cores = sorted(os.sched_getaffinity(0))[:args.cpu_cores] if args.cpu_cores else None
+    nb = -(-args.context // bs)
+    top = max(args.batches)
+    weights = ModelWeights.random(shape, seed=0, device=torch.device("cpu"))
+    host_pool = PagedKVPool(shape, top * nb, bs, "cpu")
+    gpu_weights = weights.map(lambda t: t.to(args.device))
+    gpu = GpuExecutor(Model(shape, gpu_weights), PagedKVPool(shape, 1, bs, device=args.device),
+                      TokenStore(), host_pool)
+    ex = CpuExecutor(pack_model(Model(shape, weights)), host_pool, tokens=None, assist=gpu,
+                     cores=cores)
+    clock = Clock()
+    instrument(ex, clock)
+    rows = []
+    print(f"{'route':<13}{'b':>4}  phase ms: measured (model)")
+    for route in map(Route, args.routes):
+        for b in args.batches:
+            step = CpuStep(route, list(range(b)), [1] * b, [args.context - 1] * b,
+                           [list(range(i * nb, (i + 1) * nb)) for i in range(b)])
+            real, model = measure(ex, clock, step, args.steps), model_phases(cm, route, b,
+                                                                            args.context)
+            rows.append({"route": route.value, "batch": b, "context": args.context,
+                         "measured_s": real, "model_s": model})
+            cells = [f"{p} {real[p] * 1e3:.2f} ({model[p] * 1e3:.2f})"
+                     for p in ("step", *PHASES) if real[p] or model[p]]
+            print(f"{route.value:<13}{b:>4}  " + ", ".join(cells)
+                  + f", rest {real['rest'] * 1e3:.2f}", flush=True)
+            if args.json:  # as it goes: a run cut short keeps its rows
+                with open(args.json, "w") as f:
+                    json.dump({"profile": args.profile or f"roofline {args.roofline}",
+                               "model": shape.name, "cpu_cores": str(cores), "rows": rows}, f,
+                              indent=2)
+
+
+if __name__ == "__main__":
+    main()

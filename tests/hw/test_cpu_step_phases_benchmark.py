@@ -1,0 +1,50 @@
+"""The CPU-step-phases benchmark runs end to end (tiny model, CPU device), and its per-phase
+model adds up to the step the simulator charges."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dualpace_sim.core.routing import Route
+from dualpace_sim.costs import CostModel, ModelShape, load_spec, synthesize
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_phase_of_the_step_is_timed_beside_its_model(tmp_path):
+    out = tmp_path / "phases.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "cpu_step_phases.py"), "--roofline",
+         "rtx4090-xeon4510-12c", "--model", "tiny-llama", "--device", "cpu", "--batches", "1",
+         "2", "--context", "32", "--steps", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["route"], r["batch"]) for r in rows] == [
+        ("Fused-Assist", 1), ("Fused-Assist", 2), ("Full-CPU", 1), ("Full-CPU", 2)]
+    for r in rows:
+        real, fused = r["measured_s"], r["route"] == "Fused-Assist"
+        assert min(real["pre_attn"], real["kv_write"], real["attention"]) > 0
+        assert (real["assists"] > 0) == fused and (real["post_attn"] > 0) != fused
+        timed = sum(real[p] for p in ("pre_attn", "kv_write", "attention", "assists",
+                                      "post_attn", "post_layer"))
+        assert 0 < timed < real["step"]
+    assert "Fused-Assist    1  step" in run.stdout
+
+
+@pytest.mark.parametrize("route", [Route.FUSED_ASSIST, Route.FULL_CPU])
+def test_the_phases_model_adds_up_to_the_simulators_step(route, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from cpu_step_phases import model_phases
+    from cpu_step_vs_model import model_step
+
+    cm = CostModel(synthesize(load_spec("rtx4090-xeon4510-12c"),
+                              ModelShape.from_name("llama-3.1-8b")))
+    for b in (1, 16):
+        assert model_phases(cm, route, b, 1024)["step"] == \
+            pytest.approx(model_step(cm, route, b, 1024)["step"])
