@@ -136,7 +136,11 @@ def load_for_real_run(scenario: Path | str, real_dir: Path) -> tuple[LoadedScena
     try:
         profile = load_profile(recorded)
     except ValueError as e:
-        raise ValidateError(f"{recorded}: {str(e).splitlines()[0]}") from None
+        first = str(e).splitlines()[0]
+        raise ValidateError(
+            f"{first if str(recorded) in first else f'{recorded}: {first}'} (the profile "
+            f"`dualpace-hw run` recorded for this run; delete it to compare with the "
+            f"scenario's profile instead)") from None
     loaded = load_scenario(scenario, profile=profile)
     current = load_scenario(scenario).profile
     notes = [] if current == profile else [

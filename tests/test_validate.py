@@ -163,6 +163,14 @@ def test_unreadable_real_files_are_one_line(real_run):
     _one_line_error(invoke("--real", real, scenario), "requests.parquet")
 
 
+def test_an_unreadable_run_profile_is_one_line(real_run):
+    scenario, real = real_run
+    (real / RUN_PROFILE).write_text("format: dualpace-profile/1\nmodel: {name: x}\n")
+    line = _one_line_error(invoke("--real", real, scenario), f"{real / RUN_PROFILE}:",
+                           "delete it to compare with the scenario's profile")
+    assert line.count(str(real / RUN_PROFILE)) == 1
+
+
 def test_policy_not_in_scenario_is_one_line(real_run, write_scenario):
     _, real = real_run
     other = write_scenario("dualpace-only.yaml", **{**FIELDS, "policies": ["dualpace"]})
