@@ -12,7 +12,8 @@ N x (pre-attention + attention), the route's T_r(b)), and their ratio. It splits
 
 * CPU-local time: the step less the time spent in assists, against the model's CPU terms;
 * each assist end to end (CPU-Ready to the worker seeing GPU-Done, buffer copies included),
-  against a_w + q + g + a_r.
+  against a_w + q + g + a_r; and on the serving side its service (GPU-Running to GPU-Done)
+  and the CUDA time within it, against the profile's g.
 
     python benchmarks/cpu_step_vs_model.py --profile calibration/h200-spr16/llama-3.1-8b.yaml \\
         --cpu-cores 14
@@ -86,19 +87,27 @@ class Server:
         self._thread.join()
 
 
-def measure(engine: CpuEngineProcess, step: CpuStep, steps: int) -> tuple[float, float]:
-    """Median step time and median time in assists over `steps` steps (after one warm-up)."""
+def measure(engine: CpuEngineProcess, server: AssistServer, step: CpuStep, steps: int
+            ) -> tuple[float, float, float, float]:
+    """Median step time and median time in assists over `steps` steps (after one warm-up),
+    and per assist on the GPU side, the mean service (GPU-Running to GPU-Done) and its CUDA
+    time (0 off CUDA)."""
     engine.step(step, lambda: False)
+    calls, service, gpu = server.calls, server.service_s, server.gpu_s
     runs = [engine.step(step, lambda: False)[1:] for _ in range(steps)]
-    return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+    n = max(server.calls - calls, 1)
+    return (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs),
+            (server.service_s - service) / n, (server.gpu_s - gpu) / n)
 
 
 def print_row(r: dict) -> None:
     assist = (f"{r['per_assist_s'] * 1e3:>11.3f}{r['model_per_assist_s'] * 1e3:>8.3f}"
               if r["model_per_assist_s"] else f"{'-':>11}{'-':>8}")
+    served = (f"{r['service_per_assist_s'] * 1e3:>9.3f}{r['cuda_per_assist_s'] * 1e3:>8.3f}"
+              if r["model_per_assist_s"] else f"{'-':>9}{'-':>8}")
     print(f"{r['route']:<13}{r['batch']:>5}{r['step_s'] * 1e3:>10.2f}"
           f"{r['model_step_s'] * 1e3:>9.2f}{r['step_s'] / r['model_step_s']:>7.2f}"
-          f"{r['local_s'] / r['model_local_s']:>13.2f}{assist}", flush=True)
+          f"{r['local_s'] / r['model_local_s']:>13.2f}{assist}{served}", flush=True)
 
 
 def write_json(args: argparse.Namespace, model: str, cores: list[int] | None,
@@ -138,14 +147,15 @@ def main() -> None:
     rows = []
     print(f"set up in {time.perf_counter() - t0:.1f} s (weights, packed CPU weights, host pool)")
     print(f"{'route':<13}{'b':>5}{'step ms':>10}{'model':>9}{'ratio':>7}{'local ratio':>13}"
-          f"{'assist ms':>11}{'model':>8}", flush=True)
+          f"{'assist ms':>11}{'model':>8}{'served':>9}{'cuda':>8}", flush=True)
     try:
-        with Server(engine, ex, shape.vocab_size):
+        with Server(engine, ex, shape.vocab_size) as srv:
             for route in map(Route, args.routes):
                 for b in args.batches:
                     step = CpuStep(route, list(range(b)), [1] * b, [args.context - 1] * b,
                                    [list(range(i * nb, (i + 1) * nb)) for i in range(b)])
-                    real, in_assists = measure(engine, step, args.steps)
+                    real, in_assists, service, cuda = measure(engine, srv.server, step,
+                                                              args.steps)
                     model = model_step(cm, route, b, args.context)
                     k = assists_per_step(route, shape.n_layers)
                     rows.append({
@@ -154,6 +164,7 @@ def main() -> None:
                         "local_s": real - in_assists, "model_local_s": model["local"],
                         "per_assist_s": in_assists / k if k else 0.0,
                         "model_per_assist_s": model["per_assist"],
+                        "service_per_assist_s": service, "cuda_per_assist_s": cuda,
                     })
                     print_row(rows[-1])
                     if args.json:  # as it goes: a run cut short keeps its rows
