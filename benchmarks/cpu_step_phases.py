@@ -8,7 +8,10 @@ phase of it timed: pre-attention, the KV write, attention, the Dense Assists (se
 by a GPU executor, no handshake) or the CPU post-attention, the post-layer, and the rest (the
 step's own Python between them). Each phase is set beside what the profile charges for it, so
 the phase that outruns its stage shows, and whether the excess also appears outside the CPU
-engine's process.
+engine's process. The host KV pool is held as the runtime holds it, in a shared memfd arena
+(pinned under CUDA), or with `--pool private` as the profiler holds its own (plain process
+memory, which transparent huge pages may back where a shared mapping gets 4 KB pages): running
+both tells whether the pool's pages are part of the excess.
 
     python benchmarks/cpu_step_phases.py --profile calibration/h200-spr16/llama-3.1-8b.yaml \\
         --cpu-cores 14
@@ -35,6 +38,7 @@ from dualpace_hw.gpu_executor import GpuExecutor
 from dualpace_hw.kv import PagedKVPool
 from dualpace_hw.model import Model, ModelWeights
 from dualpace_hw.packed import pack_model
+from dualpace_hw.shm import SharedArena
 from dualpace_hw.tokens import TokenStore
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs import CostModel
@@ -71,6 +75,28 @@ def instrument(ex: CpuExecutor, clock: Clock) -> None:
     if ex.assist is not None:
         for name in ("assist_post_attn", "assist_fused_final", "assist_post_layer"):
             setattr(ex.assist, name, clock.wrap("assists", getattr(ex.assist, name)))
+
+
+def host_kv_pool(shape, blocks: int, block_size: int, kind: str, device: str) -> PagedKVPool:
+    """The host KV pool: in a shared memfd arena, pinned under CUDA, as `CpuEngineProcess`
+    allocates it ("shared"), or in plain process memory ("private")."""
+    if kind == "private":
+        return PagedKVPool(shape, blocks, block_size, "cpu")
+    dims = PagedKVPool.dims(shape, blocks, block_size)
+    arena = SharedArena(SharedArena.bytes_for([(dims, torch.bfloat16)]), "dualpace-phases")
+    storage, _ = arena.empty(dims, torch.bfloat16)
+    if device.startswith("cuda"):
+        arena.pin()
+    return PagedKVPool(shape, blocks, block_size, dtype=torch.bfloat16, storage=storage)
+
+
+def huge_pages() -> str:
+    """This box's transparent-huge-page settings (anonymous memory; shared memory)."""
+    base = "/sys/kernel/mm/transparent_hugepage/"
+    try:
+        return "; ".join(open(base + f).read().strip() for f in ("enabled", "shmem_enabled"))
+    except OSError:
+        return "unknown"
 
 
 def model_phases(cm: CostModel, route: Route, b: int, context: int) -> dict[str, float]:
@@ -117,6 +143,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--routes", nargs="+", default=[Route.FUSED_ASSIST.value, Route.FULL_CPU.value],
                     choices=[Route.FUSED_ASSIST.value, Route.FULL_CPU.value])
+    ap.add_argument("--pool", choices=["shared", "private"], default="shared",
+                    help="the host KV pool in a shared arena as the runtime has it (default), "
+                         "or in plain process memory as the profiler has it")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
     profile = profile_from(ap, args)
@@ -125,7 +154,7 @@ def main() -> None:
     nb = -(-args.context // bs)
     top = max(args.batches)
     weights = ModelWeights.random(shape, seed=0, device=torch.device("cpu"))
-    host_pool = PagedKVPool(shape, top * nb, bs, "cpu")
+    host_pool = host_kv_pool(shape, top * nb, bs, args.pool, args.device)
     gpu_weights = weights.map(lambda t: t.to(args.device))
     gpu = GpuExecutor(Model(shape, gpu_weights), PagedKVPool(shape, 1, bs, device=args.device),
                       TokenStore(), host_pool)
@@ -134,6 +163,7 @@ def main() -> None:
     clock = Clock()
     instrument(ex, clock)
     rows = []
+    print(f"host pool: {args.pool}; transparent huge pages: {huge_pages()}")
     print(f"{'route':<13}{'b':>4}  phase ms: measured (model)")
     for route in map(Route, args.routes):
         for b in args.batches:
@@ -150,8 +180,8 @@ def main() -> None:
             if args.json:  # as it goes: a run cut short keeps its rows
                 with open(args.json, "w") as f:
                     json.dump({"profile": args.profile or f"roofline {args.roofline}",
-                               "model": shape.name, "cpu_cores": str(cores), "rows": rows}, f,
-                              indent=2)
+                               "model": shape.name, "cpu_cores": str(cores), "pool": args.pool,
+                               "huge_pages": huge_pages(), "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

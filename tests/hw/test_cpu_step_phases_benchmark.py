@@ -16,15 +16,18 @@ from dualpace_sim.costs import CostModel, ModelShape, load_spec, synthesize
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_every_phase_of_the_step_is_timed_beside_its_model(tmp_path):
+@pytest.mark.parametrize("pool", ["shared", "private"])
+def test_every_phase_of_the_step_is_timed_beside_its_model(tmp_path, pool):
     out = tmp_path / "phases.json"
     run = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "cpu_step_phases.py"), "--roofline",
          "rtx4090-xeon4510-12c", "--model", "tiny-llama", "--device", "cpu", "--batches", "1",
-         "2", "--context", "32", "--steps", "2", "--json", str(out)],
+         "2", "--context", "32", "--steps", "2", "--pool", pool, "--json", str(out)],
         capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
-    rows = json.loads(out.read_text())["rows"]
+    figures = json.loads(out.read_text())
+    assert figures["pool"] == pool and f"host pool: {pool}" in run.stdout
+    rows = figures["rows"]
     assert [(r["route"], r["batch"]) for r in rows] == [
         ("Fused-Assist", 1), ("Fused-Assist", 2), ("Full-CPU", 1), ("Full-CPU", 2)]
     for r in rows:
