@@ -41,7 +41,7 @@ from dualpace_hw.packed import pack_model
 from dualpace_hw.shm import SharedArena
 from dualpace_hw.tokens import TokenStore
 from dualpace_sim.core.routing import Route
-from dualpace_sim.costs import CostModel
+from dualpace_sim.costs import CostModel, ModelShape
 
 PHASES = ("pre_attn", "kv_write", "attention", "assists", "post_attn", "post_layer")
 
@@ -77,7 +77,8 @@ def instrument(ex: CpuExecutor, clock: Clock) -> None:
             setattr(ex.assist, name, clock.wrap("assists", getattr(ex.assist, name)))
 
 
-def host_kv_pool(shape, blocks: int, block_size: int, kind: str, device: str) -> PagedKVPool:
+def host_kv_pool(shape: ModelShape, blocks: int, block_size: int, kind: str, device: str
+                 ) -> PagedKVPool:
     """The host KV pool: in a shared memfd arena, pinned under CUDA, as `CpuEngineProcess`
     allocates it ("shared"), or in plain process memory ("private")."""
     if kind == "private":

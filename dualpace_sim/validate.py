@@ -141,12 +141,12 @@ def load_for_real_run(scenario: Path | str, real_dir: Path) -> tuple[LoadedScena
             f"{first if str(recorded) in first else f'{recorded}: {first}'} (the profile "
             f"`dualpace-hw run` recorded for this run; delete it to compare with the "
             f"scenario's profile instead)") from None
-    loaded = load_scenario(scenario, profile=profile)
-    current = load_scenario(scenario).profile
-    notes = [] if current == profile else [
+    current = load_scenario(scenario)
+    if current.profile == profile:
+        return current, []
+    return load_scenario(scenario, profile=profile), [
         f"the scenario's calibration profile has changed since this run; compared with the "
         f"profile the run used ({recorded})"]
-    return loaded, notes
 
 
 def check_against_scenario(real: RealRun, loaded: LoadedScenario) -> list[str]:

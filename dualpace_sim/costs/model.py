@@ -197,15 +197,6 @@ class CostModel:
         ``beside_cpu``: the GPU engine's host shares the box with a CPU engine (DualPace), so
         an eager batch's floor is the one measured that way.
         """
-        t = self.gpu_layer_work(n_tokens, prefills, n_decodes, decode_context)
-        if prefills and t > 0:  # run eagerly (decode-only batches replay graphs): the host may lag
-            t = max(t, self.gpu_eager_layer_beside_cpu if beside_cpu else self.gpu_eager_layer)
-        return t
-
-    def gpu_layer_work(self, n_tokens: int, prefills: Sequence[tuple[int, int]], n_decodes: int,
-                       decode_context: int) -> float:
-        """The GPU's own time for one layer of a GPU-main batch: `gpu_layer` without the
-        host's launch floor. Where it reaches the floor the GPU, not the host, sets the pace."""
         if n_tokens <= 0:
             return 0.0
         t = self._g_pre_attn(n_tokens) + self._g_post_attn(n_tokens)
@@ -213,7 +204,13 @@ class CostModel:
             t += self._g_prefill_attn(chunk, context)
         if n_decodes:
             t += self._g_decode_attn(n_decodes, decode_context)
+        if prefills:  # run eagerly (decode-only batches replay graphs): the host may lag
+            t = max(t, self.gpu_eager_floor(beside_cpu))
         return t
+
+    def gpu_eager_floor(self, beside_cpu: bool = False) -> float:
+        """The host's launch floor of one eagerly run layer (0 where the profile has none)."""
+        return self.gpu_eager_layer_beside_cpu if beside_cpu else self.gpu_eager_layer
 
     def gpu_linear(self, n_tokens: int) -> float:
         """All non-attention work of one layer for `n_tokens` rows (NEO's linr_T)."""

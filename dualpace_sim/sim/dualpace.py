@@ -172,10 +172,9 @@ class DualPaceNode(Node):
             yield env.timeout(self._assist("lA", b, in_acts=2, out_acts=0) - env.now)
 
     def _gpu_paced(self, plan: GpuPlan, layer: float) -> bool:
-        """Whether the GPU, not its host's launch floor, sets this batch's layer time."""
-        chunks = [(c.tokens, c.start + c.tokens) for c in plan.prefills]
-        return self.cost.gpu_layer_work(plan.n_tokens, chunks, len(plan.decodes),
-                                        plan.decode_context) >= layer
+        """Whether the GPU, not its host's launch floor, sets this batch's layer time: graph
+        replays always; an eager batch where its layer outlasts the floor."""
+        return not plan.prefills or layer > self.cost.gpu_eager_floor(self.gpu_beside_cpu)
 
     def _assist(self, kind: str, b: int, in_acts: int, out_acts: int) -> float:
         """Hand one Dense Assist to the GPU worker now; returns when the CPU sees its result.
