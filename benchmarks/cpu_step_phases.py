@@ -80,11 +80,13 @@ def instrument(ex: CpuExecutor, clock: Clock) -> None:
 def host_kv_pool(shape: ModelShape, blocks: int, block_size: int, kind: str, device: str
                  ) -> PagedKVPool:
     """The host KV pool: in a shared memfd arena, pinned under CUDA, as `CpuEngineProcess`
-    allocates it ("shared"), or in plain process memory ("private")."""
+    allocates it ("shared"; "shared-huge" asks for transparent huge pages), or in plain process
+    memory ("private")."""
     if kind == "private":
         return PagedKVPool(shape, blocks, block_size, "cpu")
     dims = PagedKVPool.dims(shape, blocks, block_size)
-    arena = SharedArena(SharedArena.bytes_for([(dims, torch.bfloat16)]), "dualpace-phases")
+    arena = SharedArena(SharedArena.bytes_for([(dims, torch.bfloat16)]), "dualpace-phases",
+                        huge_pages=kind == "shared-huge")
     storage, _ = arena.empty(dims, torch.bfloat16)
     if device.startswith("cuda"):
         arena.pin()
@@ -98,6 +100,16 @@ def huge_pages() -> str:
         return "; ".join(open(base + f).read().strip() for f in ("enabled", "shmem_enabled"))
     except OSError:
         return "unknown"
+
+
+def huge_pages_in_use() -> str:
+    """How much anonymous and shared memory huge pages back now (/proc/meminfo)."""
+    try:
+        lines = open("/proc/meminfo").read().splitlines()
+    except OSError:
+        return "unknown"
+    return "; ".join(ln.split(":")[0] + " " + ln.split(":")[1].strip() for ln in lines
+                     if ln.startswith(("AnonHugePages", "ShmemHugePages", "ShmemPmdMapped")))
 
 
 def model_phases(cm: CostModel, route: Route, b: int, context: int) -> dict[str, float]:
@@ -144,9 +156,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--routes", nargs="+", default=[Route.FUSED_ASSIST.value, Route.FULL_CPU.value],
                     choices=[Route.FUSED_ASSIST.value, Route.FULL_CPU.value])
-    ap.add_argument("--pool", choices=["shared", "private"], default="shared",
+    ap.add_argument("--pool", nargs="+", choices=["shared", "shared-huge", "private"],
+                    default=["shared"],
                     help="the host KV pool in a shared arena as the runtime has it (default), "
-                         "or in plain process memory as the profiler has it")
+                         "the same asking for huge pages (madvise), or in plain process memory "
+                         "as the profiler has it; several are timed in turn in one process")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
     profile = profile_from(ap, args)
@@ -154,36 +168,41 @@ def main() -> None:
     cores = sorted(os.sched_getaffinity(0))[:args.cpu_cores] if args.cpu_cores else None
     nb = -(-args.context // bs)
     top = max(args.batches)
-    weights = ModelWeights.random(shape, seed=0, device=torch.device("cpu"))
-    host_pool = host_kv_pool(shape, top * nb, bs, args.pool, args.device)
-    gpu_weights = weights.map(lambda t: t.to(args.device))
-    gpu = GpuExecutor(Model(shape, gpu_weights), PagedKVPool(shape, 1, bs, device=args.device),
-                      TokenStore(), host_pool)
-    ex = CpuExecutor(pack_model(Model(shape, weights)), host_pool, tokens=None, assist=gpu,
-                     cores=cores)
-    clock = Clock()
-    instrument(ex, clock)
+    t0 = time.perf_counter()
+    gpu_weights = ModelWeights.random(shape, seed=0, device=args.device)  # CPU draws: minutes
+    gpu_model = Model(shape, gpu_weights)
+    cpu_model = pack_model(Model(shape, gpu_weights.map(lambda t: t.cpu())))
+    print(f"set up in {time.perf_counter() - t0:.1f} s (weights, packed CPU weights)")
     rows = []
-    print(f"host pool: {args.pool}; transparent huge pages: {huge_pages()}")
-    print(f"{'route':<13}{'b':>4}  phase ms: measured (model)")
-    for route in map(Route, args.routes):
-        for b in args.batches:
-            step = CpuStep(route, list(range(b)), [1] * b, [args.context - 1] * b,
-                           [list(range(i * nb, (i + 1) * nb)) for i in range(b)])
-            real, model = measure(ex, clock, step, args.steps), model_phases(cm, route, b,
-                                                                            args.context)
-            rows.append({"route": route.value, "batch": b, "context": args.context,
-                         "measured_s": real, "model_s": model})
-            cells = [f"{p} {real[p] * 1e3:.2f} ({model[p] * 1e3:.2f})"
-                     for p in ("step", *PHASES) if real[p] or model[p]]
-            print(f"{route.value:<13}{b:>4}  " + ", ".join(cells)
-                  + f", rest {real['rest'] * 1e3:.2f}", flush=True)
-            if args.json:  # as it goes: a run cut short keeps its rows
-                with open(args.json, "w") as f:
-                    json.dump({"profile": args.profile or f"roofline {args.roofline}",
-                               "model": shape.name, "cpu_cores": str(cores), "pool": args.pool,
-                               "huge_pages": huge_pages(), "rows": rows}, f, indent=2)
-
+    print(f"transparent huge pages: {huge_pages()}")
+    print(f"{'pool':<12}{'route':<13}{'b':>4}  phase ms: measured (model)")
+    for pool in args.pool:  # one process, one set of weights: only the pool differs
+        host_pool = host_kv_pool(shape, top * nb, bs, pool, args.device)
+        gpu = GpuExecutor(gpu_model, PagedKVPool(shape, 1, bs, device=args.device),
+                          TokenStore(), host_pool)
+        ex = CpuExecutor(cpu_model, host_pool, tokens=None, assist=gpu, cores=cores)
+        clock = Clock()
+        instrument(ex, clock)
+        for route in map(Route, args.routes):
+            for b in args.batches:
+                step = CpuStep(route, list(range(b)), [1] * b, [args.context - 1] * b,
+                               [list(range(i * nb, (i + 1) * nb)) for i in range(b)])
+                real = measure(ex, clock, step, args.steps)
+                model = model_phases(cm, route, b, args.context)
+                rows.append({"pool": pool, "route": route.value, "batch": b,
+                             "context": args.context, "measured_s": real, "model_s": model})
+                cells = [f"{p} {real[p] * 1e3:.2f} ({model[p] * 1e3:.2f})"
+                         for p in ("step", *PHASES) if real[p] or model[p]]
+                print(f"{pool:<12}{route.value:<13}{b:>4}  " + ", ".join(cells)
+                      + f", rest {real['rest'] * 1e3:.2f}", flush=True)
+                if args.json:  # as it goes: a run cut short keeps its rows
+                    with open(args.json, "w") as f:
+                        json.dump({"profile": args.profile or f"roofline {args.roofline}",
+                                   "model": shape.name, "cpu_cores": str(cores),
+                                   "huge_pages": huge_pages(), "huge_pages_in_use":
+                                   huge_pages_in_use(), "rows": rows}, f, indent=2)
+        print(f"{pool}: huge pages in use: {huge_pages_in_use()}", flush=True)
+        del ex, gpu, host_pool, clock
 
 if __name__ == "__main__":
     main()

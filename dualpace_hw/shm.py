@@ -50,13 +50,16 @@ _libc = ctypes.CDLL(None, use_errno=True)
 class SharedArena:
     """A bump allocator over one memfd mapping; tensors are views of the mapping."""
 
-    def __init__(self, size: int, name: str = "dualpace") -> None:
+    def __init__(self, size: int, name: str = "dualpace", huge_pages: bool = False) -> None:
         if size < 1:
             raise ValueError(f"an arena needs a positive size, got {size}")
         self.size = -(-size // _ALIGN) * _ALIGN
         self._fd = os.memfd_create(name, os.MFD_CLOEXEC)
         os.ftruncate(self._fd, self.size)
         self._map = mmap.mmap(self._fd, self.size)
+        if huge_pages:  # shared memory gets 4 KB pages unless asked (and shmem THP allows it)
+            with contextlib.suppress(OSError, AttributeError):
+                self._map.madvise(mmap.MADV_HUGEPAGE)
         self._base = torch.frombuffer(self._map, dtype=torch.uint8)
         self._used = 0
         self._pinned = False

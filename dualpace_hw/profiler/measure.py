@@ -71,15 +71,29 @@ def small_mixed_plan(tokens, block_size: int, n_blocks: int):
     return plan
 
 
+def cache_span(cache_bytes: int) -> int:
+    """Bytes a timed CPU stage must cycle through so that its data comes from memory, as in a
+    decode step: twice the last-level cache (64 MiB assumed where sysfs is silent)."""
+    return 2 * (cache_bytes or 64 * 2**20)
+
+
 def cpu_layer_ring(shape: ModelShape, cache_bytes: int, most: int = 16) -> int:
-    """How many distinct layers the CPU dense stages are timed over: enough that their weights
-    are twice the last-level cache. Timed on one layer over and over, a stage whose weights fit
-    the cache reads them from it, where a decode step streams 32 different layers' from memory:
-    on the H200 box (Llama-3.1-8B, 50 MB of QKV per layer) the runtime's CPU-local Fused-Assist
-    work took 1.28-1.53x a profile timed on one layer (benchmarks/results/h200-issue7), the gap
-    this closes if the cache is its cause."""
-    cache = cache_bytes or 64 * 2**20  # sysfs silent: a server's order of magnitude
-    return max(2, min(most, -(-2 * cache // shape.weight_bytes_per_layer) + 1))
+    """How many distinct layers the CPU dense stages are timed over: enough that the smallest
+    stage's weights (pre-attention's QKV projection) span twice the last-level cache. Timed on
+    fewer layers, a stage reads its weights from the cache, where a decode step streams 32
+    different layers' from memory: on the H200 box (a ~300 MB cache; Llama-3.1-8B's QKV is 50 MB
+    a layer) a ring sized on whole layers (3) let pre-attention at batch 1 cost half what the
+    CPU engine's step pays for it (benchmarks/results/h200-issue7, session 7)."""
+    qkv = shape.hidden_size * (shape.q_dim + 2 * shape.kv_dim) * shape.dtype_bytes
+    return max(2, min(most, -(-cache_span(cache_bytes) // qkv) + 1))
+
+
+def kv_windows(block_bytes: int, window_blocks: int, cache_bytes: int) -> int:
+    """How many disjoint block windows CPU decode attention is timed over, in turn, so that
+    the KV it reads spans twice the last-level cache: a step reads each layer's KV once, from
+    memory, where one window timed over and over would be read from the cache (16 requests of
+    1,024 tokens are 64 MB of Llama-3.1-8B KV a layer)."""
+    return -(-cache_span(cache_bytes) // (block_bytes * window_blocks))
 
 
 class Measurer:
@@ -105,14 +119,19 @@ class Measurer:
         n_blocks = -(-cap // block_size) + max(grids.decode_batches)
         self.gpu_pool = PagedKVPool(shape, n_blocks, block_size, gpu_device, n_layers=1)
         self.cpu: Model | None = None
-        self.cpu_ring = 0
+        self.cpu_ring = self.cache_bytes = 0
         self.cpu_linear = self.cpu_decode = self.cpu_pool = None
         if cpu:
-            self.cpu_ring = cpu_layer_ring(shape, hostinfo.last_level_cache_bytes())
-            self.cpu, self.cpu_linear = _pack(Model(shape, ModelWeights.random(
-                shape, seed, "cpu", n_layers=self.cpu_ring)))
+            self.cache_bytes = hostinfo.last_level_cache_bytes()
+            self.cpu_ring = cpu_layer_ring(shape, self.cache_bytes)
+            # Drawn on the GPU where there is one: a ring of 16 layers is billions of values.
+            ring = ModelWeights.random(shape, seed, gpu_device, n_layers=self.cpu_ring)
+            self.cpu, self.cpu_linear = _pack(Model(shape, ring.map(lambda t: t.cpu())))
+            del ring
             self.cpu_decode = _cpu_decode_kernel()
-            self.cpu_pool = PagedKVPool(shape, n_blocks, block_size, "cpu", n_layers=1)
+            block_bytes = block_size * shape.kv_bytes_per_token_per_layer
+            spare = -(-cache_span(self.cache_bytes) // block_bytes)  # room for KV windows
+            self.cpu_pool = PagedKVPool(shape, n_blocks + spare, block_size, "cpu", n_layers=1)
         self._assist = None
 
     # --- helpers --------------------------------------------------------------------------
@@ -202,7 +221,8 @@ class Measurer:
         return self.cpu_t(lambda: greedy(self.cpu.post_layer(h)))
 
     def cpu_decode_attn(self, batch: int, total: int) -> float:
-        return self._decode(self.cpu_decode, self.cpu_t, self.cpu_pool, "cpu", batch, total)
+        return decode_time(self.shape, self.grids, self.cpu_decode, self.cpu_t, self.cpu_pool,
+                           "cpu", batch, total, self.cache_bytes)
 
     def _buffer_copy(self, rows: int, width: int) -> float:
         """A copy into (or out of) a pinned Assist Buffer, as the CPU worker does."""
@@ -315,25 +335,35 @@ class Measurer:
 
 
 def decode_time(shape: ModelShape, grids: Grids, kernel, timer: Timer, pool: PagedKVPool,
-                device, batch: int, total: int) -> float:
+                device, batch: int, total: int, cache_bytes: int | None = None) -> float:
     """Paged decode attention of `batch` requests over `total` context tokens, each with its
     own blocks. Beyond the per-request cap the time is extended along the line through the cap
-    and half the cap (attention is affine in the context it reads)."""
+    and half the cap (attention is affine in the context it reads). With `cache_bytes` (the CPU)
+    the calls take disjoint block windows in turn (`kv_windows`), as many as the pool holds."""
     per = max(1, total // batch)
     cap = grids.max_request_context
     if per <= cap:
-        return _decode_at(shape, kernel, timer, pool, device, batch, per)
-    at_cap = _decode_at(shape, kernel, timer, pool, device, batch, cap)
-    at_half = _decode_at(shape, kernel, timer, pool, device, batch, cap // 2)
+        return _decode_at(shape, kernel, timer, pool, device, batch, per, cache_bytes)
+    at_cap = _decode_at(shape, kernel, timer, pool, device, batch, cap, cache_bytes)
+    at_half = _decode_at(shape, kernel, timer, pool, device, batch, cap // 2, cache_bytes)
     slope = max(at_cap - at_half, 0.0) / (cap - cap // 2)
     return at_cap + slope * (per - cap)
 
 
 def _decode_at(shape: ModelShape, kernel, timer: Timer, pool: PagedKVPool, device, batch: int,
-               context: int) -> float:
+               context: int, cache_bytes: int | None = None) -> float:
     nb = -(-context // pool.block_size)
-    tables = torch.arange(batch * nb, dtype=torch.int32, device=device).view(batch, nb)
+    window = batch * nb
+    n = 1
+    if cache_bytes is not None:
+        block_bytes = pool.block_size * shape.kv_bytes_per_token_per_layer
+        n = max(1, min(kv_windows(block_bytes, window, cache_bytes), pool.n_blocks // window))
+    tables = [torch.arange(k * window, (k + 1) * window, dtype=torch.int32,
+                           device=device).view(batch, nb) for k in range(n)]
     lens = torch.full((batch,), context, dtype=torch.int32, device=device)
     q = torch.randn(batch, shape.n_heads, shape.head_dim, dtype=torch.bfloat16, device=device)
     kc, vc = pool.layer(0)
-    return timer.graphed(lambda: kernel(q, kc, vc, tables, lens))
+    if n == 1:
+        return timer.graphed(lambda: kernel(q, kc, vc, tables[0], lens))
+    ring = itertools.cycle(tables)
+    return timer(lambda: kernel(q, kc, vc, next(ring), lens))

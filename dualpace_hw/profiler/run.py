@@ -323,8 +323,10 @@ def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, 
     prov["notes"] = (
         f"One decoder layer plus pre/post-layer measured with random bf16 weights; CPU dense "
         f"stages via {m.cpu_linear}, each call on the next of {m.cpu_ring or 1} distinct layers "
-        "(twice the last-level cache: weights from memory, as in a decode step); GPU decode "
-        f"attention via {m.gpu_decode.__module__}; "
+        f"(their QKV weights twice the {m.cache_bytes >> 20} MiB last-level cache: weights "
+        "from memory, as in a decode step); CPU decode attention over disjoint block windows "
+        f"spanning twice that cache, in turn; GPU decode attention via "
+        f"{m.gpu_decode.__module__}; "
         f"decode contexts beyond {m.grids.max_request_context} tokens per request extended "
         "along the line through the cap and half the cap. "
         + ("q_x = o_x = the in-process host overhead of an assist call (wall minus CUDA "

@@ -307,15 +307,28 @@ def test_gpu_tensor_parallel_kv_capacity_sums_the_gpus(tmp_path, monkeypatch):
     assert params["gpu_kv_gib"] == round(2 * per_gpu / profile_run.GIB, 2)
 
 
-def test_the_cpu_layer_ring_holds_twice_the_last_level_cache():
+def test_the_cpu_layer_ring_spans_twice_the_last_level_cache_in_qkv_weights():
     from dualpace_hw.profiler.measure import cpu_layer_ring
     from dualpace_sim.costs.shapes import ModelShape
 
-    llama = ModelShape.from_name("llama-3.1-8b")  # 436 MiB a layer
-    assert cpu_layer_ring(llama, 105 * 2**20) == 2
-    assert cpu_layer_ring(llama, 2**30) * llama.weight_bytes_per_layer >= 2 * 2**30
+    llama = ModelShape.from_name("llama-3.1-8b")  # QKV 48 MiB a layer
+    qkv = llama.hidden_size * (llama.q_dim + 2 * llama.kv_dim) * 2
+    assert qkv == 48 * 2**20
+    # the H200 box's ~300 MiB cache: a ring of whole layers (3) held every QKV in the cache
+    ring = cpu_layer_ring(llama, 300 * 2**20)
+    assert ring == 14 and (ring - 1) * qkv >= 2 * 300 * 2**20
+    assert cpu_layer_ring(llama, 105 * 2**20) == 6
     assert cpu_layer_ring(load_profile_shape(), 32 * 2**20) == 16  # a tiny layer: the cap
-    assert cpu_layer_ring(llama, 0) == 2  # sysfs silent: 64 MiB assumed
+    assert cpu_layer_ring(llama, 0) == 4  # sysfs silent: 64 MiB assumed
+
+
+def test_cpu_decode_attention_is_timed_over_windows_spanning_twice_the_cache():
+    from dualpace_hw.profiler.measure import kv_windows
+
+    block = 16 * 4096  # a Llama-3.1-8B block of K and V, one layer
+    assert kv_windows(block, 16 * 64, 300 * 2**20) == 10  # 16 requests of 1,024 tokens: 64 MiB
+    assert kv_windows(block, 64 * 64, 300 * 2**20) == 3
+    assert kv_windows(block, 256 * 64, 300 * 2**20) == 1  # already twice the cache
 
 
 def test_cpu_dense_stages_take_the_next_layer_of_the_ring_on_every_call():
@@ -380,3 +393,31 @@ def test_the_eager_floors_are_the_median_of_the_start_middle_and_end_of_the_run(
         profile.provenance.notes
     runs = [x for i, x in enumerate(order) if i == 0 or order[i - 1] != x]
     assert runs == ["floor", "first table", "floor", "last table", "floor"]
+
+
+def test_cpu_decode_attention_reads_a_new_window_each_call_where_the_pool_has_room():
+    from dualpace_hw.kv import PagedKVPool
+    from dualpace_hw.profiler.grids import Grids
+    from dualpace_hw.profiler.measure import decode_time
+
+    shape = load_profile_shape()
+    block_bytes = 16 * shape.kv_bytes_per_token_per_layer
+    cache = 8 * block_bytes  # twice it is 8 windows of one 32-token request (2 blocks) ...
+    pool = PagedKVPool(shape, 6, 16, "cpu", n_layers=1)  # ... of which the pool holds 3
+    grids = Grids.quick()
+    seen = []
+
+    def kernel(q, kc, vc, tables, lens):
+        seen.append(int(tables[0, 0]))
+
+    def timer(fn):
+        for _ in range(7):
+            fn()
+        return 1.0
+
+    decode_time(shape, grids, kernel, timer, pool, "cpu", 1, 32, cache_bytes=cache)
+    assert seen == [0, 2, 4, 0, 2, 4, 0]
+    seen.clear()
+    timer.graphed = timer
+    decode_time(shape, grids, kernel, timer, pool, "cpu", 1, 32)  # the GPU's way: one window
+    assert seen == [0] * 7
