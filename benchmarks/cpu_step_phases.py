@@ -83,7 +83,14 @@ def host_kv_pool(shape: ModelShape, blocks: int, block_size: int, kind: str, dev
     allocates it ("shared"; "shared-huge" asks for transparent huge pages), or in plain process
     memory ("private")."""
     if kind == "private":
-        return PagedKVPool(shape, blocks, block_size, "cpu")
+        pool = PagedKVPool(shape, blocks, block_size, "cpu")
+        if device.startswith("cuda"):  # page-locked in place for the migrator's async copies
+            data = pool.data
+            err = torch.cuda.cudart().cudaHostRegister(data.data_ptr(),
+                                                       data.numel() * data.element_size(), 0)
+            if int(err) != 0:
+                raise RuntimeError(f"cudaHostRegister of the private pool failed: error {err}")
+        return pool
     dims = PagedKVPool.dims(shape, blocks, block_size)
     arena = SharedArena(SharedArena.bytes_for([(dims, torch.bfloat16)]), "dualpace-phases",
                         huge_pages=kind == "shared-huge")

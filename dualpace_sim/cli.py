@@ -179,6 +179,10 @@ def validate(
         "--real", help="directory of a real run (`dualpace-hw run --out DIR`)")],
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="directory for the comparison (default REAL/validation)")] = None,
+    costs: Annotated[Path | None, typer.Option(
+        "--costs", help="price the run with this profile of the same box and model (say, a "
+                        "re-profile) instead of the one it ran with; the run's controls are kept")
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar or table")] = False,
 ) -> None:
     """Simulate SCENARIO for each policy of the real run in REAL and compare them: a table of
@@ -187,7 +191,7 @@ def validate(
     from .validate import validate as run_validation
 
     try:
-        result = run_validation(real, scenario, out, progress=not quiet)
+        result = run_validation(real, scenario, out, progress=not quiet, costs=costs)
     except (ScenarioError, SimulationStalled, ValidateError) as e:
         _fail(str(e))
     if quiet:

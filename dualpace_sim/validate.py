@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .costs.profile import load_profile
+from .costs.profile import Controls, Profile, load_profile
 from .metrics import summarize
 from .plots import plot_latency_cdf_overlay, plot_timeline_overlay
 from .records import read_records, write_records
@@ -125,28 +125,54 @@ def read_real_run(path: Path | str) -> RealRun:
     return RealRun(path, summaries, {p: frames[p] for p in summaries})
 
 
-def load_for_real_run(scenario: Path | str, real_dir: Path) -> tuple[LoadedScenario, list[str]]:
+def load_for_real_run(scenario: Path | str, real_dir: Path, costs: Path | None = None
+                      ) -> tuple[LoadedScenario, list[str]]:
     """The scenario with the calibration profile the real run was made with (REAL/profile.yaml,
     which `dualpace-hw run` writes): its controls decided the run's scheduling, so a box
     re-profiled since must not change what the run is compared with, nor break its replay.
-    Runs without that file get the scenario's profile."""
+    Runs without that file get the scenario's profile.
+
+    With `costs`, another profile of the same box and model prices the run (a re-profile,
+    to see whether it is nearer serving) while the run's own controls still make the decisions."""
     recorded = real_dir / RUN_PROFILE
-    if not recorded.is_file():
-        return load_scenario(scenario), []
-    try:
-        profile = load_profile(recorded)
-    except ValueError as e:
-        first = str(e).splitlines()[0]
-        raise ValidateError(
-            f"{first if str(recorded) in first else f'{recorded}: {first}'} (the profile "
-            f"`dualpace-hw run` recorded for this run; delete it to compare with the "
-            f"scenario's profile instead)") from None
     current = load_scenario(scenario)
-    if current.profile == profile:
-        return current, []
-    return load_scenario(scenario, profile=profile), [
-        f"the scenario's calibration profile has changed since this run; compared with the "
-        f"profile the run used ({recorded})"]
+    profile, notes = current.profile, []
+    if recorded.is_file():
+        profile = _read_profile(recorded, "the profile `dualpace-hw run` recorded for this run; "
+                                          "delete it to compare with the scenario's profile")
+        if profile != current.profile:
+            notes.append(f"the scenario's calibration profile has changed since this run; "
+                         f"compared with the profile the run used ({recorded})")
+    if costs is not None:
+        priced = _read_profile(costs, "the --costs profile; give a profile file "
+                                      "`dualpace-hw profile` wrote")
+        for what, mine, theirs in (
+                ("model", priced.model.name, profile.model.name),
+                ("block size", priced.block_size, profile.block_size),
+                ("GPU tensor parallelism", priced.box.tensor_parallel,
+                 profile.box.tensor_parallel),
+                ("CPU tensor parallelism", priced.box.cpu_tensor_parallel,
+                 profile.box.cpu_tensor_parallel)):
+            if mine != theirs:
+                raise ValidateError(f"{costs}: {what} {mine} but the run's profile has "
+                                    f"{theirs}; --costs must profile the run's model and split")
+        # The run's controls as its scheduler had them (stored, or fitted from its profile).
+        ran = current if profile == current.profile else load_scenario(scenario, profile=profile)
+        kept = Controls(**{name: choice.value for name, choice in ran.controls.items()})
+        notes = [f"costs from {costs}; scheduler controls from the profile the run used"]
+        profile = priced.model_copy(update={"controls": kept})
+    if profile == current.profile:
+        return current, notes
+    return load_scenario(scenario, profile=profile), notes
+
+
+def _read_profile(path: Path, what: str) -> Profile:
+    try:
+        return load_profile(path)
+    except (ValueError, OSError) as e:
+        first = str(e).splitlines()[0]
+        raise ValidateError(f"{first if str(path) in first else f'{path}: {first}'} "
+                            f"({what})") from None
 
 
 def check_against_scenario(real: RealRun, loaded: LoadedScenario) -> list[str]:
@@ -283,7 +309,7 @@ def format_table(table: pd.DataFrame) -> str:
 
 
 def validate(real_dir: Path | str, scenario: Path | str, out_dir: Path | str | None = None,
-             progress: bool = False) -> ValidationResult:
+             progress: bool = False, costs: Path | str | None = None) -> ValidationResult:
     """Simulate ``scenario`` for each policy of the real run in ``real_dir``, compare, and write
     validation.csv, sim/{requests.parquet,summary.json} and the overlay plots to ``out_dir``
     (default ``real_dir``/validation).
@@ -292,7 +318,8 @@ def validate(real_dir: Path | str, scenario: Path | str, out_dir: Path | str | N
     (bad scenario) or SimulationStalled (the simulator cannot serve the load).
     """
     real = read_real_run(real_dir)
-    loaded, notes = load_for_real_run(scenario, real.path)
+    loaded, notes = load_for_real_run(scenario, real.path,
+                                      Path(costs) if costs is not None else None)
     notes += check_against_scenario(real, loaded)
     out = Path(out_dir) if out_dir is not None else real.path / "validation"
 

@@ -282,3 +282,43 @@ def test_a_run_is_compared_with_the_profile_it_was_made_with(write_scenario, tmp
     result = validate(real, scenario_now, tmp_path / "fair")
     assert (result.table["relative_error"] == 0).all(), result.table
     assert any("has changed since this run" in n for n in result.notes)
+
+
+def test_costs_from_another_profile_keep_the_runs_controls(real_run, tmp_path):
+    """`--costs`: a re-profile of the box prices the run, the run's (fitted) controls still
+    make the decisions; the run's own costs give zero error, dearer costs a positive one; a
+    profile of another model is refused naming the file."""
+    from dualpace_sim.costs import load_profile
+
+    scenario, real = real_run
+    same = validate(real, scenario, tmp_path / "same", costs=RTX4090_LLAMA)
+    assert (same.table["relative_error"] == 0).all(), same.table
+    assert any(n.startswith(f"costs from {RTX4090_LLAMA}") for n in same.notes)
+
+    base = load_profile(RTX4090_LLAMA)
+    dearer = base.model_copy(update={"gpu": base.gpu.model_copy(
+        update={"iteration_overhead_s": base.gpu.iteration_overhead_s + 0.002})})
+    dearer.save(tmp_path / "dearer.yaml")
+    result = validate(real, scenario, tmp_path / "dearer", costs=tmp_path / "dearer.yaml")
+    err = {(r.policy, r.metric): r.relative_error for r in result.table.itertuples()}
+    for policy in ("dualpace", "vllm"):
+        assert err[policy, "normalized_latency_s"] > 0
+    # a re-profile whose own fit differs: the run's controls are what the simulator uses
+    from dualpace_sim.costs.profile import Controls
+    from dualpace_sim.scenario import load_scenario
+    from dualpace_sim.validate import load_for_real_run
+
+    ran = load_scenario(scenario).controls
+    refit = dearer.model_copy(update={"controls": Controls(
+        route_p=0, route_f=0, gpu_token_limit=ran["gpu_token_limit"].value // 2,
+        cpu_batch_limit=ran["cpu_batch_limit"].value + 1)})
+    refit.save(tmp_path / "refit.yaml")
+    loaded, _ = load_for_real_run(scenario, real, tmp_path / "refit.yaml")
+    assert {k: c.value for k, c in loaded.controls.items()} == {k: c.value for k, c in ran.items()}
+    assert loaded.profile.gpu.iteration_overhead_s == dearer.gpu.iteration_overhead_s
+
+    other = load_profile(RTX4090_LLAMA)
+    other = other.model_copy(update={"block_size": other.block_size * 2})
+    other.save(tmp_path / "other.yaml")
+    _one_line_error(invoke("--real", real, scenario, "--costs", tmp_path / "other.yaml"),
+                    f"{tmp_path / 'other.yaml'}: block size", "--costs must profile")

@@ -16,20 +16,19 @@ from dualpace_sim.costs import CostModel, ModelShape, load_spec, synthesize
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("pool", ["shared", "private"])
-def test_every_phase_of_the_step_is_timed_beside_its_model(tmp_path, pool):
+def test_every_phase_of_the_step_is_timed_beside_its_model_for_each_host_pool(tmp_path):
     out = tmp_path / "phases.json"
+    pools = ["shared", "shared-huge", "private"]
     run = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "cpu_step_phases.py"), "--roofline",
          "rtx4090-xeon4510-12c", "--model", "tiny-llama", "--device", "cpu", "--batches", "1",
-         "2", "--context", "32", "--steps", "2", "--pool", pool, "--json", str(out)],
+         "2", "--context", "32", "--steps", "2", "--pool", *pools, "--json", str(out)],
         capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
-    figures = json.loads(out.read_text())
-    assert figures["pool"] == pool and f"host pool: {pool}" in run.stdout
-    rows = figures["rows"]
-    assert [(r["route"], r["batch"]) for r in rows] == [
-        ("Fused-Assist", 1), ("Fused-Assist", 2), ("Full-CPU", 1), ("Full-CPU", 2)]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["pool"], r["route"], r["batch"]) for r in rows] == [
+        (pool, route, b) for pool in pools for route in ("Fused-Assist", "Full-CPU")
+        for b in (1, 2)]
     for r in rows:
         real, fused = r["measured_s"], r["route"] == "Fused-Assist"
         assert min(real["pre_attn"], real["kv_write"], real["attention"]) > 0
@@ -37,7 +36,9 @@ def test_every_phase_of_the_step_is_timed_beside_its_model(tmp_path, pool):
         timed = sum(real[p] for p in ("pre_attn", "kv_write", "attention", "assists",
                                       "post_attn", "post_layer"))
         assert 0 < timed < real["step"]
-    assert "Fused-Assist    1  step" in run.stdout
+    for pool in pools:
+        assert f"{pool:<12}Fused-Assist    1  step" in run.stdout
+        assert f"{pool}: huge pages in use:" in run.stdout
 
 
 @pytest.mark.parametrize("route", [Route.FUSED_ASSIST, Route.FULL_CPU])
