@@ -112,7 +112,8 @@ def huge_pages() -> str:
 def huge_pages_in_use() -> str:
     """How much anonymous and shared memory huge pages back now (/proc/meminfo)."""
     try:
-        lines = open("/proc/meminfo").read().splitlines()
+        with open("/proc/meminfo") as f:
+            lines = f.read().splitlines()
     except OSError:
         return "unknown"
     return "; ".join(ln.split(":")[0] + " " + ln.split(":")[1].strip() for ln in lines

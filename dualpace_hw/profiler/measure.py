@@ -297,19 +297,11 @@ class Measurer:
     def iteration_overhead(self) -> float:
         """Host-side work of one round: the GPU executor turning a 64-request decode plan
         into device tensors (the scheduler's own time is not in the profile)."""
-        from dualpace_sim.core import GpuPlan, Request
-
         from ..gpu_executor import GpuExecutor
         from ..tokens import TokenStore
 
-        tokens, plan = TokenStore(), GpuPlan()
-        per = -(-256 // self.bs)
-        for i in range(64):
-            r = Request.create(i, 0.0, 255, 16, self.bs)
-            r.blocks = list(range(i * per, (i + 1) * per))
-            r.token_times.append(0.0)
-            tokens.add(i, [1] * 256)
-            plan.decodes.append(r)
+        tokens = TokenStore()
+        plan = decode_plan(tokens, 64, 256, self.bs)
         ex = GpuExecutor(self.gpu, self.gpu_pool, tokens)
         return self.cpu_t.wall(lambda: ex.prepare(plan))
 
@@ -332,6 +324,21 @@ class Measurer:
     def neo_launch_s(self) -> float:
         """NEO's lnch_T: the fixed cost of one CPU attention call (a one-token batch)."""
         return self.cpu_decode_attn(1, 1)
+
+
+def decode_plan(tokens, rows: int, context: int, block_size: int):
+    """A decode-only GPU round of `rows` requests with `context` tokens each, in blocks of
+    their own (the tokens go into `tokens`, a TokenStore)."""
+    from dualpace_sim.core import GpuPlan, Request
+
+    plan, per = GpuPlan(), -(-context // block_size)
+    for i in range(rows):
+        r = Request.create(i, 0.0, context - 1, 16, block_size)
+        r.blocks = list(range(i * per, (i + 1) * per))
+        r.token_times.append(0.0)
+        tokens.add(i, [1] * context)
+        plan.decodes.append(r)
+    return plan
 
 
 def decode_time(shape: ModelShape, grids: Grids, kernel, timer: Timer, pool: PagedKVPool,

@@ -28,6 +28,8 @@ from .grids import Grids
 from .handshake import Handshake, measure_handshake
 from .load import cpu_engine_load
 from .measure import Measurer
+from .rank_round import MAX_ROWS as RANK_ROUND_ROWS
+from .rank_round import RankRounds, with_rank_round
 from .ranks import CPU_STAGES, GPU_STAGES, CpuRanks, GpuRanks
 from .timing import Protocol, Timer
 
@@ -245,6 +247,17 @@ def run_profile(opt: Options) -> Profile:
         sample_floors()
     profile = _assemble(opt, m, values, q, o, link, poll, launch, overhead, floors,
                         threads, protocol)
+    if opt.gpu_tp > 1:  # after the stage ranks are gone: the runtime's own rank group
+        rounds = RankRounds(opt.shape, opt.seed, opt.block_size, opt.gpu_tp, m.gpu_device,
+                            Timer(torch.device("cpu"), protocol),
+                            [b for b in grids.decode_batches
+                             if b <= min(RANK_ROUND_ROWS, max(grids.gpu_rows))])
+        try:
+            walls = {b: ckpt.get(f"gpu.rank_round_wall|{b}", lambda b=b: rounds.wall(b))
+                     for b in rounds.rows}
+        finally:
+            rounds.close()
+        profile = with_rank_round(profile, walls)
     profile.save(opt.out)
     result = fit_controls(profile)
     fitted = with_controls(profile, result)
@@ -352,7 +365,10 @@ def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, 
            "(all-reduces included), keeping the slowest rank's time (rank-critical); the link "
            "is every rank copying at once over its own PCIe link (total bytes over the slowest "
            "rank's time), as a swap under tensor parallelism moves each rank's heads "
-           "concurrently." if opt.gpu_tp > 1 else "")
+           "concurrently. gpu.rank_round = a whole decode round of 256-token requests through "
+           "the runtime's LeadExecutor on a one-layer model over the ranks, less the model's "
+           "price for it: the rank group's hand-off, batch building and token check."
+           if opt.gpu_tp > 1 else "")
         + (" QUICK grids and protocol: for tests, not for studies." if opt.quick else ""))
     data = {
         "format": "dualpace-profile/1",

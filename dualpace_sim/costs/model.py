@@ -158,6 +158,8 @@ class CostModel:
         self._g_post_attn = Interp1D("gpu.post_attn", g.post_attn)
         self._g_prefill_attn = Interp2D("gpu.prefill_attn", g.prefill_attn)
         self._g_decode_attn = Interp2D("gpu.decode_attn", g.decode_attn)
+        self._g_rank_round = (Interp1D("gpu.rank_round", g.rank_round)
+                              if g.rank_round is not None else None)
         self._g_pre_layer = Interp1D("gpu.pre_layer", g.pre_layer)
         self._g_post_layer = Interp1D("gpu.post_layer", g.post_layer)
         self._c_pre_layer = Interp1D("cpu.pre_layer", c.pre_layer)
@@ -252,8 +254,16 @@ class CostModel:
             self.gpu_pre_layer(n_tokens)
             + self.n_layers * self.gpu_layer(n_tokens, prefills, n_decodes, decode_context)
             + self.gpu_post_layer(rows)
-            + self.gpu_iteration_overhead
+            + self.gpu_round_overhead(rows)
         )
+
+    def gpu_round_overhead(self, rows: int) -> float:
+        """The fixed part of a GPU-main round: its iteration overhead, plus, under GPU tensor
+        parallelism, the rank group's own work for a round of `rows` rows (on the 2-GPU box
+        1-2.4 ms a decode round that no stage holds: docs/validation/h200x2)."""
+        if self._g_rank_round is None or rows <= 0:
+            return self.gpu_iteration_overhead
+        return self.gpu_iteration_overhead + self._g_rank_round(rows)
 
     # --- CPU decode engine ---------------------------------------------------------------
     def cpu_pre_layer(self, b: int) -> float:

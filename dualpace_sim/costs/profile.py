@@ -172,6 +172,12 @@ class GpuCosts(StrictModel):
         description="the same floor with the GPU engine's host on the cores the CPU engine "
                     "leaves while the CPU engine decodes on its own (as DualPace runs them); "
                     "none = eager_layer_s")
+    rank_round: Table1D | None = Field(
+        default=None,
+        description="under GPU tensor parallelism, the rank group's own work in every round "
+                    "beyond its stages and iteration overhead (rank 0 handing the round to the "
+                    "other ranks, their building it, the end-of-round token check), by the "
+                    "round's rows; none with one GPU")
     kv_capacity_blocks: NonNegativeInt = Field(
         description="HBM KV capacity in blocks of `block_size` tokens")
 

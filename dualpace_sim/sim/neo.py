@@ -72,7 +72,7 @@ class NeoNode(Node):
         rows = sum(len(b) for b in plan.batches)
         per_layer = layer_time(plan, self.tables)
         pre = cost.gpu_pre_layer(width)
-        post = cost.gpu_post_layer(rows) + cost.gpu_iteration_overhead
+        post = cost.gpu_post_layer(rows) + cost.gpu_round_overhead(rows)
         cpu_prefills = [r for b in plan.batches for r in b.cpu_prefills]
         landed = env.now
         if cpu_prefills:  # their KV goes to the host layer by layer during this forward

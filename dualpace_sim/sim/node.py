@@ -168,7 +168,8 @@ class Node:
         pre = cost.gpu_pre_layer(n_tokens)
         layer = cost.gpu_layer(n_tokens, chunks, len(plan.decodes), plan.decode_context,
                                beside_cpu=self.gpu_beside_cpu)
-        post = cost.gpu_post_layer(plan.n_sampled) + cost.gpu_iteration_overhead
+        post = (cost.gpu_post_layer(plan.n_sampled)
+                + cost.gpu_round_overhead(len(plan.prefills) + len(plan.decodes)))
         return pre, layer, post
 
     def _run_forward(self, plan: GpuPlan, **trace_args):

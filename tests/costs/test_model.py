@@ -199,3 +199,22 @@ def test_lookups_are_fast(cm):
         cm.gpu_layer(64 + i % 512, [(64, 64 + i)], 1 + i % 256, 1000 + 37 * i)
         cm.cpu_post_attn(1 + i % 1024)
     assert time.perf_counter() - start < 1.0  # ~5 us per iteration here
+
+
+def test_the_rank_groups_round_work_is_charged_by_rows_under_tensor_parallelism(cm):
+    """`gpu.rank_round` (measured under GPU tensor parallelism) adds to every round's fixed
+    part by the round's rows; a one-GPU profile has none."""
+    assert cm.profile.gpu.rank_round is None
+    assert cm.gpu_round_overhead(64) == cm.gpu_iteration_overhead
+    profile = cm.profile.model_copy(deep=True)
+    profile.gpu.rank_round = Table1D(x=[1, 64], y=[1e-3, 2.5e-3])
+    tp = CostModel(profile)
+    assert tp.gpu_round_overhead(1) == pytest.approx(cm.gpu_iteration_overhead + 1e-3)
+    assert tp.gpu_round_overhead(64) == pytest.approx(cm.gpu_iteration_overhead + 2.5e-3)
+    assert cm.gpu_iteration_overhead + 1e-3 < tp.gpu_round_overhead(4) < \
+        cm.gpu_iteration_overhead + 2.5e-3
+    assert tp.gpu_round_overhead(0) == cm.gpu_iteration_overhead
+    prefills = [(100, 100)]
+    assert tp.gpu_forward(132, prefills, 32, 32 * 500) == pytest.approx(
+        cm.gpu_forward(132, prefills, 32, 32 * 500) + tp.gpu_round_overhead(33)
+        - cm.gpu_iteration_overhead)

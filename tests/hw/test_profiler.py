@@ -207,6 +207,10 @@ def test_gpu_tensor_parallel_profile_times_every_gpu_measurement_on_the_ranks(tm
                          | {f"CPU:{s}" for s in ranks_module.CPU_STAGES})
     assert min(profile.gpu.post_attn.y) > 0 and min(profile.assist.g_lA.y) > 0
     assert profile.gpu.eager_layer_beside_cpu_s is None  # not measured on GPU ranks
+    # whole rounds through the runtime's LeadExecutor over the two ranks, less their price
+    assert profile.gpu.rank_round is not None and profile.gpu.rank_round.x == [1, 4]
+    assert min(profile.gpu.rank_round.y) >= 0 and max(profile.gpu.rank_round.y) > 0
+    assert "gpu.rank_round = a whole decode round" in profile.provenance.notes
     check_magnitudes(profile, str(out))
 
 

@@ -50,3 +50,28 @@ def test_only_dualpace_takes_the_eager_floor_measured_beside_a_cpu_engine(write_
     assert run("dualpace", beside).stats.gpu_busy_s > 1.1 * run("dualpace", plain).stats.gpu_busy_s
     vllm = run("vllm", beside), run("vllm", plain)
     assert asdict(vllm[0].stats) == asdict(vllm[1].stats)
+
+
+def test_every_policys_rounds_pay_the_rank_groups_work(write_scenario):
+    """A profile with `gpu.rank_round` (GPU tensor parallelism) makes every policy's GPU rounds
+    dearer by it, round by round."""
+    from dualpace_sim.costs import CostModel
+    from dualpace_sim.costs.profile import Table1D
+
+    loaded = load_scenario(write_scenario(
+        policies=["dualpace", "vllm", "neo"],
+        workload={"num_requests": 40, "max_prompt_tokens": 2048},
+        vllm={"max_num_batched_tokens": 2048, "max_num_seqs": 256}))
+    profile = loaded.cost.profile.model_copy(deep=True)
+    one = CostModel(profile)
+    profile.gpu.rank_round = Table1D(x=[1, 256], y=[2e-3, 2e-3])
+    tp = CostModel(profile)
+
+    def run(policy: str, cost: CostModel):
+        node = make_node(loaded.requests, cost, loaded.policy_config(policy), loaded.neo_launch_s)
+        return node.run().stats
+
+    for policy in ("dualpace", "vllm", "neo"):
+        plain, dearer = run(policy, one), run(policy, tp)
+        forward = plain.gpu_rounds - plain.migration_only_rounds
+        assert dearer.gpu_busy_s > plain.gpu_busy_s + 1e-3 * forward, policy

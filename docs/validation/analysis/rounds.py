@@ -99,7 +99,7 @@ def gpu_rounds(scenario: str, real: str, policy: str) -> Iterator[GpuRound]:
                 layer = cost.gpu_layer(plan.n_tokens, chunks, len(plan.decodes),
                                        plan.decode_context, beside_cpu=policy == "dualpace")
                 fixed = (cost.gpu_pre_layer(plan.n_tokens) + cost.gpu_post_layer(plan.n_sampled)
-                         + cost.gpu_iteration_overhead)
+                         + cost.gpu_round_overhead(len(plan.prefills) + len(plan.decodes)))
                 pending = (e.t, plan.n_tokens, bool(plan.prefills), fixed, layer, cpu_step)
         elif e.engine == "gpu" and e.call == "apply" and pending is not None:
             start, tokens, prefill, fixed, layer, busy = pending
