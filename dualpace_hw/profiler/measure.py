@@ -8,6 +8,7 @@ values.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
 
@@ -21,7 +22,7 @@ from ..attention import paged_decode_attention as torch_decode
 from ..attention import prefill_attention
 from ..gpu_executor import _State
 from ..kv import PagedKVPool
-from ..model import Model, ModelWeights, greedy
+from ..model import Dense, Model, ModelWeights, greedy
 from .grids import Grids
 from .timing import Timer
 
@@ -88,6 +89,22 @@ def cpu_layer_ring(shape: ModelShape, cache_bytes: int, most: int = 16) -> int:
     return max(2, min(most, -(-cache_span(cache_bytes) // qkv) + 1))
 
 
+def ring_of(weights: ModelWeights, n: int) -> ModelWeights:
+    """`n` layers in distinct memory, each a copy of the first: timings do not depend on the
+    values, only on where they are, and copying is far quicker than drawing billions of
+    random values on a CPU."""
+    def copied(x: torch.Tensor | Dense | None) -> torch.Tensor | Dense | None:
+        if isinstance(x, Dense):
+            return Dense(x.weight.clone())
+        return None if x is None else x.clone()
+
+    layer = weights.layers[0]
+    copies = [layer] + [dataclasses.replace(layer, **{
+        f.name: copied(getattr(layer, f.name)) for f in dataclasses.fields(layer)})
+        for _ in range(n - 1)]
+    return dataclasses.replace(weights, layers=copies)
+
+
 def kv_windows(block_bytes: int, window_blocks: int, cache_bytes: int) -> int:
     """How many disjoint block windows CPU decode attention is timed over, in turn, so that
     the KV it reads spans twice the last-level cache: a step reads each layer's KV once, from
@@ -124,10 +141,10 @@ class Measurer:
         if cpu:
             self.cache_bytes = hostinfo.last_level_cache_bytes()
             self.cpu_ring = cpu_layer_ring(shape, self.cache_bytes)
-            # Drawn on the GPU where there is one: a ring of 16 layers is billions of values.
-            ring = ModelWeights.random(shape, seed, gpu_device, n_layers=self.cpu_ring)
-            self.cpu, self.cpu_linear = _pack(Model(shape, ring.map(lambda t: t.cpu())))
-            del ring
+            one = ModelWeights.random(shape, seed, gpu_device, n_layers=1).map(
+                lambda t: t.cpu())  # drawn on the GPU where there is one: quicker
+            self.cpu, self.cpu_linear = _pack(Model(shape, ring_of(one, self.cpu_ring)))
+            del one
             self.cpu_decode = _cpu_decode_kernel()
             block_bytes = block_size * shape.kv_bytes_per_token_per_layer
             spare = -(-cache_span(self.cache_bytes) // block_bytes)  # room for KV windows

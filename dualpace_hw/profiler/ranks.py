@@ -19,6 +19,7 @@ replicated pre- and post-layer run on every rank too, as they do when serving.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 from collections.abc import Callable
@@ -29,6 +30,7 @@ import torch.distributed as dist
 
 from dualpace_sim.costs.shapes import ModelShape
 
+from .. import hostinfo
 from ..hostinfo import rank_cores
 from ..kv import PagedKVPool
 from ..model import Model, ModelWeights
@@ -36,7 +38,7 @@ from ..packed import pack_model
 from ..processes import forget, gloo_rendezvous, spawn, stop
 from ..tp import all_reduce, shard_shape, shard_weights
 from .grids import Grids
-from .measure import Measurer, decode_time
+from .measure import Measurer, cache_span, cpu_layer_ring, decode_time, ring_of
 from .timing import Protocol, Timer
 
 CPU_STAGES = ("cpu.pre_attn", "cpu.post_attn", "cpu.decode_attn")
@@ -86,9 +88,18 @@ class _CpuRank:
         pin_threads(list(spec.cores))
         full = ModelWeights.random(spec.shape, spec.seed, "cpu", n_layers=1)
         self.shape = shard_shape(spec.shape, spec.world)
-        self.model = pack_model(Model(self.shape, shard_weights(full, spec.shape, spec.rank,
-                                                                spec.world), all_reduce()))
-        self.pool = PagedKVPool(self.shape, spec.n_blocks, spec.block_size, "cpu", n_layers=1)
+        # As on one rank (`Measurer`): the dense stages cycle a ring of layers and decode
+        # attention block windows, each spanning twice the last-level cache, so this rank's
+        # shard is read from memory as in a decode step.
+        self.cache_bytes = hostinfo.last_level_cache_bytes()
+        ring = cpu_layer_ring(self.shape, self.cache_bytes)
+        shard = ring_of(shard_weights(full, spec.shape, spec.rank, spec.world), ring)
+        self.model = pack_model(Model(self.shape, shard, all_reduce()))
+        self.layers = itertools.cycle(range(ring))
+        spare = -(-cache_span(self.cache_bytes)
+                  // (spec.block_size * self.shape.kv_bytes_per_token_per_layer))
+        self.pool = PagedKVPool(self.shape, spec.n_blocks + spare, spec.block_size, "cpu",
+                                n_layers=1)
         self.grids = spec.grids
         self.timer = Timer(torch.device("cpu"), spec.protocol, agree=_agree_max())
         self.kernel = cpu_paged_decode_attention
@@ -98,16 +109,16 @@ class _CpuRank:
         if stage == "cpu.pre_attn":
             (b,) = args
             x, pos = torch.randn(b, h, dtype=torch.bfloat16), torch.arange(b)
-            return self.timer(lambda: self.model.pre_attn(0, x, pos))
+            return self.timer(lambda: self.model.pre_attn(next(self.layers), x, pos))
         if stage == "cpu.post_attn":
             (b,) = args
             a = torch.randn(b, self.shape.q_dim, dtype=torch.bfloat16)
             r = torch.randn(b, h, dtype=torch.bfloat16)
-            return self.timer(lambda: self.model.post_attn(0, a, r))
+            return self.timer(lambda: self.model.post_attn(next(self.layers), a, r))
         if stage == "cpu.decode_attn":
             batch, total = args
             return decode_time(self.shape, self.grids, self.kernel, self.timer, self.pool, "cpu",
-                               batch, total)
+                               batch, total, self.cache_bytes)
         raise ValueError(f"no sharded CPU stage {stage!r}; the sharded ones: {CPU_STAGES}")
 
 

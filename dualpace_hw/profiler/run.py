@@ -369,6 +369,9 @@ def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, 
            "the runtime's LeadExecutor on a one-layer model over the ranks, less the model's "
            "price for it: the rank group's hand-off, batch building and token check."
            if opt.gpu_tp > 1 else "")
+        + (f" CPU tensor parallel over {opt.cpu_tp} ranks: each rank timed its shard of the "
+           "CPU stages on its own cores, all ranks at once, keeping the slowest (its ring of "
+           "layers and KV windows sized, as above, on its shard)." if opt.cpu_tp > 1 else "")
         + (" QUICK grids and protocol: for tests, not for studies." if opt.quick else ""))
     data = {
         "format": "dualpace-profile/1",

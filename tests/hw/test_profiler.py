@@ -202,6 +202,7 @@ def test_gpu_tensor_parallel_profile_times_every_gpu_measurement_on_the_ranks(tm
     assert profile.box.cpu_tensor_parallel == 2
     assert "--gpu-tp 2" in profile.provenance.command
     assert "GPU tensor parallel over 2 ranks" in profile.provenance.notes
+    assert "CPU tensor parallel over 2 ranks" in profile.provenance.notes
     assert set(seen) == ({f"GPU:{s}" for s in ranks_module.GPU_STAGES}
                          | {"GPU:gpu.eager_layer_s", "GPU:assist", "GPU:link"}
                          | {f"CPU:{s}" for s in ranks_module.CPU_STAGES})
@@ -425,3 +426,18 @@ def test_cpu_decode_attention_reads_a_new_window_each_call_where_the_pool_has_ro
     timer.graphed = timer
     decode_time(shape, grids, kernel, timer, pool, "cpu", 1, 32)  # the GPU's way: one window
     assert seen == [0] * 7
+
+
+def test_the_ring_is_copies_of_one_layer_in_distinct_memory():
+    from dualpace_hw.model import ModelWeights
+    from dualpace_hw.profiler.measure import ring_of
+
+    one = ModelWeights.random(load_profile_shape(), 0, "cpu", n_layers=1)
+    ring = ring_of(one, 4)
+    assert len(ring.layers) == 4 and ring.embed is one.embed
+    for name in ("qkv", "o", "gate_up", "down"):  # four places in memory ...
+        assert len({getattr(lw, name).weight.data_ptr() for lw in ring.layers}) == 4
+    assert len({lw.input_norm.data_ptr() for lw in ring.layers}) == 4
+    for lw in ring.layers:  # ... holding the same values
+        assert torch.equal(lw.qkv.weight, one.layers[0].qkv.weight)
+        assert torch.equal(lw.down.weight, one.layers[0].down.weight)
