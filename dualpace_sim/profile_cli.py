@@ -30,10 +30,11 @@ _AXES = {
     "gpu.pre_attn": ("tokens",), "gpu.post_attn": ("tokens",),
     "gpu.prefill_attn": ("chunk tokens", "context tokens"),
     "gpu.decode_attn": ("requests", "total context tokens"),
-    "gpu.pre_layer": ("tokens",), "gpu.post_layer": ("rows",),
+    "gpu.pre_layer": ("tokens",), "gpu.post_layer": ("rows",), "gpu.rank_round": ("rows",),
     "cpu.decode_attn": ("requests", "total context tokens"),
 }
 _WHOLE_MODEL = {"gpu.pre_layer", "gpu.post_layer", "cpu.pre_layer", "cpu.post_layer"}
+_PER_ROUND = {"gpu.rank_round"}
 
 
 def _fail(message: str) -> None:
@@ -81,7 +82,8 @@ def _table_lines(profile: Profile) -> list[str]:
         for name, value in getattr(profile, section):
             key = f"{section}.{name}"
             axes = _AXES.get(key, ("batch",) if section != "gpu" else ("tokens",))
-            scope = "whole model" if key in _WHOLE_MODEL else "per layer"
+            scope = ("whole model" if key in _WHOLE_MODEL
+                     else "per round" if key in _PER_ROUND else "per layer")
             if isinstance(value, Table1D):
                 lines.append(f"  {key:<18} x: {axes[0]} {_range(value.x)}; y: "
                              f"{_seconds(min(value.y))}..{_seconds(max(value.y))} ({scope})")

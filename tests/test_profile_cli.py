@@ -38,6 +38,21 @@ def test_show_summarizes_the_profile():
     assert "cpu.post_attn      x: batch 1..2048 (40 points)" in out
     assert "link: H2D 25.2 GB/s" in out and "q = {p: 30 \u00b5s" in out
     assert "controls: none" in out
+    assert "rank_round" not in out  # one GPU: no rank group
+
+
+def test_show_labels_the_rank_groups_round_work(tmp_path):
+    from dualpace_sim.costs import load_profile
+    from dualpace_sim.costs.profile import Table1D
+
+    base = load_profile(RTX4090_LLAMA)
+    tp = base.model_copy(update={"gpu": base.gpu.model_copy(update={
+        "rank_round": Table1D(x=[1, 256], y=[1e-3, 4e-3])})})
+    tp.save(tmp_path / "tp.yaml")
+    result = runner.invoke(profile_app, ["show", str(tmp_path / "tp.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "gpu.rank_round     x: rows 1..256 (2 points); y: 1 ms..4 ms (per round)" \
+        in result.stdout
 
 
 def test_fit_prints_controls_and_writes_figure(tmp_path):
