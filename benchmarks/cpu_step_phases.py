@@ -30,7 +30,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 import torch
-from profile_args import add_profile_arguments, profile_from
+from profile_args import add_cpu_step_arguments, add_profile_arguments, profile_from
 
 from dualpace_hw import cpu_executor
 from dualpace_hw.cpu_executor import CpuExecutor, CpuStep
@@ -62,16 +62,19 @@ class Clock:
         return timed
 
 
-def instrument(ex: CpuExecutor, clock: Clock) -> None:
-    """Time the step's phases: the model's stages, the KV write, the attention kernel (the
-    module-level name the executor calls) and the assists."""
-    m = ex.model
-    m.pre_attn = clock.wrap("pre_attn", m.pre_attn)
-    m.post_attn = clock.wrap("post_attn", m.post_attn)
-    m.post_layer = clock.wrap("post_layer", m.post_layer)
-    ex.pool.write = clock.wrap("kv_write", ex.pool.write)
+def instrument_stages(model: Model, clock: Clock) -> None:
+    """Time the model's stages and the attention kernel (the module-level name the executor
+    calls): once per process, whatever pools the executors over this model hold."""
+    model.pre_attn = clock.wrap("pre_attn", model.pre_attn)
+    model.post_attn = clock.wrap("post_attn", model.post_attn)
+    model.post_layer = clock.wrap("post_layer", model.post_layer)
     cpu_executor.cpu_paged_decode_attention = clock.wrap(
         "attention", cpu_executor.cpu_paged_decode_attention)
+
+
+def instrument_executor(ex: CpuExecutor, clock: Clock) -> None:
+    """Time one executor's KV writes and its assists."""
+    ex.pool.write = clock.wrap("kv_write", ex.pool.write)
     if ex.assist is not None:
         for name in ("assist_post_attn", "assist_fused_final", "assist_post_layer"):
             setattr(ex.assist, name, clock.wrap("assists", getattr(ex.assist, name)))
@@ -157,11 +160,7 @@ def measure(ex: CpuExecutor, clock: Clock, step: CpuStep, steps: int) -> dict[st
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_profile_arguments(ap)
-    ap.add_argument("--cpu-cores", type=int, default=None,
-                    help="cores of the CPU engine (the first N), as `dualpace-hw run` gives it")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
-    ap.add_argument("--context", type=int, default=1024, help="tokens per request")
-    ap.add_argument("--steps", type=int, default=7)
+    add_cpu_step_arguments(ap)
     ap.add_argument("--routes", nargs="+", default=[Route.FUSED_ASSIST.value, Route.FULL_CPU.value],
                     choices=[Route.FUSED_ASSIST.value, Route.FULL_CPU.value])
     ap.add_argument("--pool", nargs="+", choices=["shared", "shared-huge", "private"],
@@ -181,7 +180,8 @@ def main() -> None:
     gpu_model = Model(shape, gpu_weights)
     cpu_model = pack_model(Model(shape, gpu_weights.map(lambda t: t.cpu())))
     print(f"set up in {time.perf_counter() - t0:.1f} s (weights, packed CPU weights)")
-    rows = []
+    clock, rows = Clock(), []
+    instrument_stages(cpu_model, clock)
     print(f"transparent huge pages: {huge_pages()}")
     print(f"{'pool':<12}{'route':<13}{'b':>4}  phase ms: measured (model)")
     for pool in args.pool:  # one process, one set of weights: only the pool differs
@@ -189,8 +189,7 @@ def main() -> None:
         gpu = GpuExecutor(gpu_model, PagedKVPool(shape, 1, bs, device=args.device),
                           TokenStore(), host_pool)
         ex = CpuExecutor(cpu_model, host_pool, tokens=None, assist=gpu, cores=cores)
-        clock = Clock()
-        instrument(ex, clock)
+        instrument_executor(ex, clock)
         for route in map(Route, args.routes):
             for b in args.batches:
                 step = CpuStep(route, list(range(b)), [1] * b, [args.context - 1] * b,
@@ -210,7 +209,8 @@ def main() -> None:
                                    "huge_pages": huge_pages(), "huge_pages_in_use":
                                    huge_pages_in_use(), "rows": rows}, f, indent=2)
         print(f"{pool}: huge pages in use: {huge_pages_in_use()}", flush=True)
-        del ex, gpu, host_pool, clock
+        del ex, gpu, host_pool
+
 
 if __name__ == "__main__":
     main()

@@ -31,7 +31,7 @@ import threading
 import time
 
 import torch
-from profile_args import add_profile_arguments, profile_from
+from profile_args import add_cpu_step_arguments, add_profile_arguments, profile_from
 
 from dualpace_hw.cpu_executor import CpuStep
 from dualpace_hw.cpu_worker import CpuEngineProcess
@@ -120,11 +120,7 @@ def write_json(args: argparse.Namespace, model: str, cores: list[int] | None,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_profile_arguments(ap)
-    ap.add_argument("--cpu-cores", type=int, default=None,
-                    help="cores of the CPU engine (the first N; the rest run this process)")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
-    ap.add_argument("--context", type=int, default=1024, help="tokens per request")
-    ap.add_argument("--steps", type=int, default=7)
+    add_cpu_step_arguments(ap)
     ap.add_argument("--routes", nargs="+", default=[r.value for r in ROUTES],
                     choices=[r.value for r in ROUTES], help="routes to time, in this order")
     ap.add_argument("--json", default=None, help="also write the figures here")

@@ -1,5 +1,5 @@
-"""The profile options the benchmarks that set the runtime beside the cost model share: a
-measured profile of the box, or a roofline one for smoke runs on any machine."""
+"""The options the benchmarks that set the runtime beside the cost model share: a measured
+profile of the box, or a roofline one for smoke runs on any machine; and the CPU steps to time."""
 
 from __future__ import annotations
 
@@ -22,3 +22,12 @@ def profile_from(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Profi
     if not args.model:
         ap.error("--roofline needs --model")
     return synthesize(load_spec(args.roofline), ModelShape.from_name(args.model))
+
+
+def add_cpu_step_arguments(ap: argparse.ArgumentParser) -> None:
+    """The CPU engine's cores and the decode steps to time (batch sizes, context, repeats)."""
+    ap.add_argument("--cpu-cores", type=int, default=None,
+                    help="cores of the CPU engine (the first N), as `dualpace-hw run` gives it")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--context", type=int, default=1024, help="tokens per request")
+    ap.add_argument("--steps", type=int, default=7)

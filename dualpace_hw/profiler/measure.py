@@ -105,6 +105,14 @@ def ring_of(weights: ModelWeights, n: int) -> ModelWeights:
     return dataclasses.replace(weights, layers=copies)
 
 
+def cpu_kv_pool(shape: ModelShape, n_blocks: int, block_size: int, cache_bytes: int
+                ) -> PagedKVPool:
+    """One layer's CPU KV pool for the timed stages: `n_blocks` plus room for the block
+    windows decode attention cycles through (`kv_windows`)."""
+    spare = -(-cache_span(cache_bytes) // (block_size * shape.kv_bytes_per_token_per_layer))
+    return PagedKVPool(shape, n_blocks + spare, block_size, "cpu", n_layers=1)
+
+
 def kv_windows(block_bytes: int, window_blocks: int, cache_bytes: int) -> int:
     """How many disjoint block windows CPU decode attention is timed over, in turn, so that
     the KV it reads spans twice the last-level cache: a step reads each layer's KV once, from
@@ -146,9 +154,8 @@ class Measurer:
             self.cpu, self.cpu_linear = _pack(Model(shape, ring_of(one, self.cpu_ring)))
             del one
             self.cpu_decode = _cpu_decode_kernel()
-            block_bytes = block_size * shape.kv_bytes_per_token_per_layer
-            spare = -(-cache_span(self.cache_bytes) // block_bytes)  # room for KV windows
-            self.cpu_pool = PagedKVPool(shape, n_blocks + spare, block_size, "cpu", n_layers=1)
+            self.cpu_pool = cpu_kv_pool(shape, n_blocks, block_size, self.cache_bytes)
+        self.kv_blocks = n_blocks  # the grids' blocks, without the windows' room
         self._assist = None
 
     # --- helpers --------------------------------------------------------------------------

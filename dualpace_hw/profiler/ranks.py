@@ -32,13 +32,12 @@ from dualpace_sim.costs.shapes import ModelShape
 
 from .. import hostinfo
 from ..hostinfo import rank_cores
-from ..kv import PagedKVPool
 from ..model import Model, ModelWeights
 from ..packed import pack_model
 from ..processes import forget, gloo_rendezvous, spawn, stop
 from ..tp import all_reduce, shard_shape, shard_weights
 from .grids import Grids
-from .measure import Measurer, cache_span, cpu_layer_ring, decode_time, ring_of
+from .measure import Measurer, cpu_kv_pool, cpu_layer_ring, decode_time, ring_of
 from .timing import Protocol, Timer
 
 CPU_STAGES = ("cpu.pre_attn", "cpu.post_attn", "cpu.decode_attn")
@@ -96,10 +95,7 @@ class _CpuRank:
         shard = ring_of(shard_weights(full, spec.shape, spec.rank, spec.world), ring)
         self.model = pack_model(Model(self.shape, shard, all_reduce()))
         self.layers = itertools.cycle(range(ring))
-        spare = -(-cache_span(self.cache_bytes)
-                  // (spec.block_size * self.shape.kv_bytes_per_token_per_layer))
-        self.pool = PagedKVPool(self.shape, spec.n_blocks + spare, spec.block_size, "cpu",
-                                n_layers=1)
+        self.pool = cpu_kv_pool(self.shape, spec.n_blocks, spec.block_size, self.cache_bytes)
         self.grids = spec.grids
         self.timer = Timer(torch.device("cpu"), spec.protocol, agree=_agree_max())
         self.kernel = cpu_paged_decode_attention

@@ -157,7 +157,7 @@ def _start_ranks(opt: Options, m: Measurer, grids: Grids, protocol: Protocol, th
         tables = _routed(tables, GPU_STAGES, gpu)
     if opt.cpu_tp > 1:
         try:
-            ranks = CpuRanks(opt.shape, opt.seed, opt.block_size, m.cpu_pool.n_blocks, grids,
+            ranks = CpuRanks(opt.shape, opt.seed, opt.block_size, m.kv_blocks, grids,
                              protocol, opt.cpu_tp, sorted(os.sched_getaffinity(0))[:threads])
         except ValueError as e:
             raise ProfileRunError(f"--cpu-tp {opt.cpu_tp}: {e}") from None

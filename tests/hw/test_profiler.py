@@ -254,6 +254,10 @@ def _post_attn_on_a_gpu_rank(rank: int, rendezvous: str, results) -> None:
     attn, residual = _post_attn_inputs(shape)
     out = gpu_rank.m.gpu.post_attn(0, attn.chunk(2, dim=1)[rank], residual)
     results.put((rank, out.float().tolist()))  # lists: the rank exits before tensors are read
+    import torch.distributed as dist
+
+    dist.barrier()  # leave the group together: a Gloo rank whose peer is gone aborts at exit
+    dist.destroy_process_group()
 
 
 def test_gpu_ranks_time_the_sharded_stage_with_its_all_reduces(tmp_path):
