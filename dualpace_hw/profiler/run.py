@@ -29,7 +29,7 @@ from .handshake import Handshake, measure_handshake
 from .load import cpu_engine_load
 from .measure import Measurer
 from .rank_round import MAX_ROWS as RANK_ROUND_ROWS
-from .rank_round import RankRounds, with_rank_round
+from .rank_round import RankRounds, timed_depth, with_rank_round
 from .ranks import CPU_STAGES, GPU_STAGES, CpuRanks, GpuRanks
 from .timing import Protocol, Timer
 
@@ -248,15 +248,19 @@ def run_profile(opt: Options) -> Profile:
     profile = _assemble(opt, m, values, q, o, link, poll, launch, overhead, floors,
                         threads, protocol)
     if opt.gpu_tp > 1:  # after the stage ranks are gone: the runtime's own rank group
-        rounds = RankRounds(opt.shape, opt.seed, opt.block_size, opt.gpu_tp, m.gpu_device,
-                            Timer(torch.device("cpu"), protocol),
-                            [b for b in grids.decode_batches
-                             if b <= min(RANK_ROUND_ROWS, max(grids.gpu_rows))])
-        try:
-            walls = {b: ckpt.get(f"gpu.rank_round_wall|{b}", lambda b=b: rounds.wall(b))
-                     for b in rounds.rows}
-        finally:
-            rounds.close()
+        rows = [b for b in grids.decode_batches
+                if b <= min(RANK_ROUND_ROWS, max(grids.gpu_rows))]
+        depth = timed_depth(opt.shape, opt.gpu_tp, m.gpu_device,
+                            RankRounds.blocks(rows, opt.block_size), opt.block_size)
+        walls: dict[int, dict[int, float]] = {}
+        for d in sorted({1, depth} if depth < opt.shape.n_layers else {depth}):
+            rounds = RankRounds(opt.shape, d, opt.seed, opt.block_size, opt.gpu_tp,
+                                m.gpu_device, Timer(torch.device("cpu"), protocol), rows)
+            try:
+                walls[d] = {b: ckpt.get(f"gpu.rank_round_wall|{d}|{b}",
+                                        lambda b=b, r=rounds: r.wall(b)) for b in rows}
+            finally:
+                rounds.close()
         profile = with_rank_round(profile, walls)
     profile.save(opt.out)
     result = fit_controls(profile)
@@ -365,9 +369,12 @@ def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, 
            "(all-reduces included), keeping the slowest rank's time (rank-critical); the link "
            "is every rank copying at once over its own PCIe link (total bytes over the slowest "
            "rank's time), as a swap under tensor parallelism moves each rank's heads "
-           "concurrently. gpu.rank_round = a whole decode round of 256-token requests through "
-           "the runtime's LeadExecutor on a one-layer model over the ranks, less the model's "
-           "price for it: the rank group's hand-off, batch building and token check."
+           "concurrently. gpu.rank_round = whole decode rounds of 1,024-token requests through "
+           "the runtime's LeadExecutor over the ranks at the model's depth (CUDA graphs, as "
+           "served; where the whole model does not fit rank 0's GPU, at the depth that does "
+           "and at one layer, extended linearly), less the model's price for them: the rank "
+           "group's hand-off and token check, and what a layer costs inside a round beyond "
+           "its stages timed alone."
            if opt.gpu_tp > 1 else "")
         + (f" CPU tensor parallel over {opt.cpu_tp} ranks: each rank timed its shard of the "
            "CPU stages on its own cores, all ranks at once, keeping the slowest (its ring of "

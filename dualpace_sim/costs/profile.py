@@ -174,10 +174,10 @@ class GpuCosts(StrictModel):
                     "none = eager_layer_s")
     rank_round: Table1D | None = Field(
         default=None,
-        description="under GPU tensor parallelism, the rank group's own work in every round "
-                    "beyond its stages and iteration overhead (rank 0 handing the round to the "
-                    "other ranks, their building it, the end-of-round token check), by the "
-                    "round's rows; none with one GPU")
+        description="under GPU tensor parallelism, what a whole decode round costs beyond "
+                    "its stages and iteration overhead (the rank group's hand-off and token "
+                    "check, and each layer's extra time inside a round over its stages timed "
+                    "alone), by the round's rows; none with one GPU")
     kv_capacity_blocks: NonNegativeInt = Field(
         description="HBM KV capacity in blocks of `block_size` tokens")
 

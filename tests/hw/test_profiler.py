@@ -211,7 +211,9 @@ def test_gpu_tensor_parallel_profile_times_every_gpu_measurement_on_the_ranks(tm
     # whole rounds through the runtime's LeadExecutor over the two ranks, less their price
     assert profile.gpu.rank_round is not None and profile.gpu.rank_round.x == [1, 4]
     assert min(profile.gpu.rank_round.y) >= 0 and max(profile.gpu.rank_round.y) > 0
-    assert "gpu.rank_round = a whole decode round" in profile.provenance.notes
+    notes = profile.provenance.notes
+    assert "gpu.rank_round = whole decode rounds of 1,024-token requests" in notes
+    assert "at the model's depth" in notes
     check_magnitudes(profile, str(out))
 
 
@@ -445,3 +447,28 @@ def test_the_ring_is_copies_of_one_layer_in_distinct_memory():
     for lw in ring.layers:  # ... holding the same values
         assert torch.equal(lw.qkv.weight, one.layers[0].qkv.weight)
         assert torch.equal(lw.down.weight, one.layers[0].down.weight)
+
+
+def test_rank_round_is_what_whole_rounds_cost_beyond_the_models_price():
+    """`gpu.rank_round` is each timed round less the cost model's price for it, at the model's
+    depth; timed shallower, the part that grows with depth is extended linearly to it."""
+    from dualpace_hw.profiler.rank_round import priced_round, with_rank_round
+    from dualpace_sim.costs.model import CostModel
+
+    profile = load_profile("calibration/h200x2-xeon32/qwen3-14b.yaml").model_copy(deep=True)
+    profile.gpu.rank_round = None
+    cost, n, rows = CostModel(profile), profile.model.n_layers, [1, 16, 64]
+    per_round, per_layer = {1: 4e-4, 16: 6e-4, 64: -3e-3}, {1: 2e-5, 16: 2.5e-5, 64: 2e-5}
+
+    def walls(depth: int) -> dict[int, float]:
+        return {b: priced_round(cost, b, depth) + per_round[b] + depth * per_layer[b]
+                for b in rows}
+
+    want = [max(per_round[b] + n * per_layer[b], 0.0) for b in rows]
+    direct = with_rank_round(profile, {n: walls(n)}).gpu.rank_round
+    extended = with_rank_round(profile, {1: walls(1), 12: walls(12)}).gpu.rank_round
+    assert direct.x == extended.x == rows
+    assert direct.y == pytest.approx(want) and extended.y == pytest.approx(want)
+    assert want[-1] == 0.0  # a round cheaper than its price adds nothing
+    with pytest.raises(ValueError, match="needs two depths"):
+        with_rank_round(profile, {12: walls(12)})
