@@ -21,10 +21,10 @@ def run(script: str, *args: str, env: dict[str, str] | None = None) -> str:
 
 
 def test_prefill_grid_error_is_the_documented_one():
-    out = run("prefill_grid.py", "calibration/h200x2-xeon32/qwen3-14b.yaml")
+    out = run("prefill_grid.py", "docs/validation/h200x2/r4/real/profile.yaml")
     assert "chunk  2048, context   2048: old grid +43%" in out
-    assert "chunk   512, context    512: old grid +49%" in out
-    assert out.strip().endswith("largest error +49% over 22 points")
+    assert "chunk  1024, context   1024: old grid +48%" in out
+    assert out.strip().endswith("largest error +48% over 22 points")
 
 
 def test_small_prefill_floors_are_the_documented_ones(azure_dir):
@@ -41,8 +41,14 @@ def test_gpu_round_classes_are_the_documented_ones(azure_dir):
     two = run("gpu_round_classes.py", "--scenario",
               "scenarios/h200x2/validation/qwen3-14b-r4.yaml", "--real",
               "docs/validation/h200x2/r4/real", env=env)
-    assert re.search(r"-  vllm +decode only +1940 +15\.98 +13\.70 +1\.17", two)
-    assert re.search(r"-  dualpace +decode only +1752 +15\.23 +12\.38 +1\.23", two)
+    assert re.search(r"-  vllm +decode only +2086 +16\.53 +14\.44 +1\.14", two)
+    assert re.search(r"-  dualpace +decode only +1988 +16\.44 +13\.77 +1\.19", two)
+    # priced with the re-profile that has gpu.rank_round at the model's depth
+    costed = run("gpu_round_classes.py", "--scenario",
+                 "scenarios/h200x2/validation/qwen3-14b-r4.yaml", "--real",
+                 "docs/validation/h200x2/r4/real", "--costs",
+                 "calibration/h200x2-xeon32/qwen3-14b.yaml", env=env)
+    assert re.search(r"-  vllm +decode only +2086 +16\.53 +16\.17 +1\.02", costed)
 
 
 def test_cpu_step_figures_are_the_documented_ones(azure_dir):

@@ -5,9 +5,11 @@ policy: rounds, real and modelled totals, and the median of real / model.
     DUALPACE_AZURE_DIR=... python docs/validation/analysis/gpu_round_classes.py 4 8 12
     DUALPACE_AZURE_DIR=... python docs/validation/analysis/gpu_round_classes.py \
         --scenario scenarios/h200x2/validation/qwen3-14b-r4.yaml \
-        --real docs/validation/h200x2/r4/real
+        --real docs/validation/h200x2/r4/real \
+        --costs calibration/h200x2-xeon32/qwen3-14b.yaml
 
 The rates name the committed H200 runs; --scenario/--real any other (its policies' journals).
+The model is the profile each run was made with, or --costs (a re-profile of the same box).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def main() -> None:
     ap.add_argument("rates", nargs="*", help="committed H200 runs, by offered rate")
     ap.add_argument("--scenario")
     ap.add_argument("--real", help="the real run directory of --scenario")
+    ap.add_argument("--costs", help="price the runs with this profile of the same box")
     args = ap.parse_args()
     runs = [(rate, *h200_run(rate)) for rate in args.rates]
     if args.scenario:
@@ -43,7 +46,7 @@ def main() -> None:
             if not any(Path(real).glob(f"journal-{policy}.*")):
                 continue
             by: dict[str, list[GpuRound]] = {c: [] for c in CLASSES}
-            for r in gpu_rounds(scenario, real, policy):
+            for r in gpu_rounds(scenario, real, policy, args.costs):
                 by[round_class(r)].append(r)
             for c, rs in by.items():
                 if rs:

@@ -49,8 +49,9 @@ class CpuStep:
     model_s: float  # the simulator's step for the same plan, without waits for the GPU engine
 
 
-def _replaying(scenario: str, real: str, policy: str):
-    loaded = load_for_real_run(scenario, Path(real))[0]  # with the profile the run used
+def _replaying(scenario: str, real: str, policy: str, costs: str | None = None):
+    # with the profile the run used, or priced with `costs` (another profile of the box)
+    loaded = load_for_real_run(scenario, Path(real), Path(costs) if costs else None)[0]
     bs = loaded.policy_config(policy).block_size
     requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, bs)
                 for i, s in enumerate(loaded.requests)]
@@ -81,9 +82,11 @@ def cpu_steps(scenario: str, real: str) -> Iterator[CpuStep]:
             pending = None
 
 
-def gpu_rounds(scenario: str, real: str, policy: str) -> Iterator[GpuRound]:
-    """One policy's GPU rounds in the real run directory `real` of `scenario`."""
-    cost, calls, journal = _replaying(scenario, real, policy)
+def gpu_rounds(scenario: str, real: str, policy: str, costs: str | None = None
+               ) -> Iterator[GpuRound]:
+    """One policy's GPU rounds in the real run directory `real` of `scenario` (priced with
+    the profile `costs` where given)."""
+    cost, calls, journal = _replaying(scenario, real, policy, costs)
     pending, index, cpu_step = None, 0, False
     for e in journal.entries:
         calls(e)
