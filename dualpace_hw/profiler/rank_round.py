@@ -13,14 +13,9 @@ timed through the runtime's `LeadExecutor` on that box split it in two:
 A one-layer model sees only the second part (the first version of this measurement did that
 and found nothing below 64 rows). So whole rounds are timed at the model's own depth, as the
 runtime runs them (CUDA graphs, the same hand-off), and what the cost model does not already
-charge for the same round is this table. Rounds are timed at the model's depth (or, where the
-whole model does not fit beside its shard on rank 0's GPU, the depth that does, the part that
-grows with depth extended linearly to the model's) and at one layer.
-
-The same two depths give the eager floor under tensor parallelism (`gpu.eager_layer_s`): the
-per-layer slope of whole eager rounds of the profiler's small mixed batch. A layer of such a
-round cost 2.04-2.09 ms on the 2-GPU box, as real prefill rounds implied, where the stage ranks
-running one layer back to back measured 1.67 ms (and one GPU 1.63 ms).
+charge for the same round is this table. Where the whole model does not fit beside its shard
+on rank 0's GPU, rounds are timed at the depth that fits and at one layer, and the part that
+grows with depth is extended linearly to the model's.
 """
 
 from __future__ import annotations
@@ -36,7 +31,7 @@ from dualpace_sim.costs.shapes import ModelShape
 from ..gpu_ranks import LeadExecutor
 from ..model import ModelWeights
 from ..tokens import TokenStore
-from .measure import decode_plan, small_mixed_plan
+from .measure import decode_plan
 from .timing import Timer
 
 CONTEXT = 1024  # tokens per request in the timed rounds: about an Azure conversation's prompt
@@ -77,23 +72,15 @@ class RankRounds:
     def wall(self, rows: int) -> float:
         """Seconds per decode round of `rows` requests, start to checked tokens on rank 0
         (the first, untimed calls capture the round's CUDA graphs)."""
-        return self._timed(lambda: decode_plan(self._tokens, rows, CONTEXT, self.block_size))
-
-    def eager(self) -> float:
-        """Seconds per round of the small mixed batch (a prefill chunk: run eagerly)."""
-        return self._timed(lambda: small_mixed_plan(self._tokens, self.block_size,
-                                                    self.blocks(self.rows, self.block_size)))
-
-    def _timed(self, make_plan) -> float:
         if self._ex is None:
             weights = ModelWeights.random(self.shape, self.seed, self.device)
             self._ex = LeadExecutor(self.shape, weights, self.world,
                                     self.blocks(self.rows, self.block_size), self.block_size,
                                     self._tokens, weights.embed.dtype)
             del weights  # the full weights: rank 0 keeps its shard
-        for req_id in range(len(self._tokens)):  # the previous plan's requests 0..n-1
+        for req_id in range(len(self._tokens)):  # the previous size's requests 0..n-1
             self._tokens.remove(req_id)
-        plan = make_plan()
+        plan = decode_plan(self._tokens, rows, CONTEXT, self.block_size)
         return self.timer(lambda: self._ex.execute(plan))
 
     def close(self) -> None:
@@ -109,12 +96,10 @@ def priced_round(cost: CostModel, rows: int, layers: int) -> float:
             + layers * cost.gpu_layer(rows, [], rows, rows * CONTEXT))
 
 
-def with_rank_round(profile: Profile, walls: dict[int, dict[int, float]],
-                    eager: dict[int, float]) -> Profile:
-    """The profile with `gpu.rank_round` from `walls` (depth -> rows -> seconds per decode
-    round): each round less the model's price for it, at the model's depth, or extended
-    linearly in depth from two shallower ones; never below zero. And with `gpu.eager_layer_s`
-    the slope of `eager` (depth -> seconds per eager round) between its two depths."""
+def with_rank_round(profile: Profile, walls: dict[int, dict[int, float]]) -> Profile:
+    """The profile with `gpu.rank_round` from `walls` (depth -> rows -> seconds per round):
+    each round less the model's price for it, at the model's depth, or extended linearly in
+    depth from two shallower ones; never below zero."""
     cost = CostModel(profile)
     n = profile.model.n_layers
     depths = sorted(walls)
@@ -134,10 +119,5 @@ def with_rank_round(profile: Profile, walls: dict[int, dict[int, float]],
 
     rows = sorted(walls[depths[-1]])
     table = Table1D(x=rows, y=[max(full(b), 0.0) for b in rows])
-    lo, hi = min(eager), max(eager)
-    if lo == hi:
-        raise ValueError(f"gpu.eager_layer_s: eager rounds timed at depth {lo} only; "
-                         "its slope needs two depths")
-    floor = max((eager[hi] - eager[lo]) / (hi - lo), 0.0)
     return profile.model_copy(update={"gpu": profile.gpu.model_copy(
-        update={"rank_round": table, "eager_layer_s": floor})})
+        update={"rank_round": table})})

@@ -253,24 +253,15 @@ def run_profile(opt: Options) -> Profile:
         depth = timed_depth(opt.shape, opt.gpu_tp, m.gpu_device,
                             RankRounds.blocks(rows, opt.block_size), opt.block_size)
         walls: dict[int, dict[int, float]] = {}
-        eager: dict[int, float] = {}
-        for d in sorted({1, depth}):
+        for d in sorted({1, depth} if depth < opt.shape.n_layers else {depth}):
             rounds = RankRounds(opt.shape, d, opt.seed, opt.block_size, opt.gpu_tp,
                                 m.gpu_device, Timer(torch.device("cpu"), protocol), rows)
             try:
                 walls[d] = {b: ckpt.get(f"gpu.rank_round_wall|{d}|{b}",
                                         lambda b=b, r=rounds: r.wall(b)) for b in rows}
-                eager[d] = ckpt.get(f"gpu.rank_round_eager|{d}", rounds.eager)
             finally:
                 rounds.close()
-        profile = with_rank_round(profile, walls, eager)
-        notes = (f"{profile.provenance.notes} Under GPU tensor parallelism gpu.eager_layer_s "
-                 f"({profile.gpu.eager_layer_s * 1e3:.3f} ms) is instead the per-layer slope "
-                 f"of whole eager rounds of the small mixed batch through the LeadExecutor "
-                 f"at depths 1 and {depth}, as prefill rounds are served (the ranks' samples "
-                 "above ran one layer back to back, which came out lower).")
-        profile = profile.model_copy(update={"provenance": profile.provenance.model_copy(
-            update={"notes": notes})})
+        profile = with_rank_round(profile, walls)
     profile.save(opt.out)
     result = fit_controls(profile)
     fitted = with_controls(profile, result)
@@ -380,10 +371,10 @@ def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, 
            "rank's time), as a swap under tensor parallelism moves each rank's heads "
            "concurrently. gpu.rank_round = whole decode rounds of 1,024-token requests through "
            "the runtime's LeadExecutor over the ranks at the model's depth (CUDA graphs, as "
-           "served; where the whole model does not fit rank 0's GPU, at the depth that does, "
-           "extended linearly from it and one layer), less the model's price for them: the "
-           "rank group's hand-off and token check, and what a layer costs inside a round "
-           "beyond its stages timed alone."
+           "served; where the whole model does not fit rank 0's GPU, at the depth that does "
+           "and at one layer, extended linearly), less the model's price for them: the rank "
+           "group's hand-off and token check, and what a layer costs inside a round beyond "
+           "its stages timed alone."
            if opt.gpu_tp > 1 else "")
         + (f" CPU tensor parallel over {opt.cpu_tp} ranks: each rank timed its shard of the "
            "CPU stages on its own cores, all ranks at once, keeping the slowest (its ring of "

@@ -214,8 +214,6 @@ def test_gpu_tensor_parallel_profile_times_every_gpu_measurement_on_the_ranks(tm
     notes = profile.provenance.notes
     assert "gpu.rank_round = whole decode rounds of 1,024-token requests" in notes
     assert "at the model's depth" in notes
-    assert "gpu.eager_layer_s (" in notes and "is instead the per-layer slope" in notes
-    assert profile.gpu.eager_layer_s >= 0
     check_magnitudes(profile, str(out))
 
 
@@ -467,16 +465,10 @@ def test_rank_round_is_what_whole_rounds_cost_beyond_the_models_price():
                 for b in rows}
 
     want = [max(per_round[b] + n * per_layer[b], 0.0) for b in rows]
-    eager = {1: 4e-3, 12: 4e-3 + 11 * 2.05e-3}  # whole eager rounds: 2.05 ms a layer
-    direct = with_rank_round(profile, {1: walls(1), n: walls(n)}, eager).gpu
-    extended = with_rank_round(profile, {1: walls(1), 12: walls(12)}, eager).gpu
-    assert direct.rank_round.x == extended.rank_round.x == rows
-    assert direct.rank_round.y == pytest.approx(want)
-    assert extended.rank_round.y == pytest.approx(want)
+    direct = with_rank_round(profile, {n: walls(n)}).gpu.rank_round
+    extended = with_rank_round(profile, {1: walls(1), 12: walls(12)}).gpu.rank_round
+    assert direct.x == extended.x == rows
+    assert direct.y == pytest.approx(want) and extended.y == pytest.approx(want)
     assert want[-1] == 0.0  # a round cheaper than its price adds nothing
-    # the eager floor under tensor parallelism is the per-layer slope of whole eager rounds
-    assert direct.eager_layer_s == extended.eager_layer_s == pytest.approx(2.05e-3)
     with pytest.raises(ValueError, match="needs two depths"):
-        with_rank_round(profile, {12: walls(12)}, eager)
-    with pytest.raises(ValueError, match="its slope needs two depths"):
-        with_rank_round(profile, {n: walls(n)}, {n: 0.08})
+        with_rank_round(profile, {12: walls(12)})
