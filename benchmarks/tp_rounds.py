@@ -82,7 +82,7 @@ def main() -> None:
     cost = CostModel(profile)
     depth = args.layers or profile.model.n_layers
     shape = dataclasses.replace(profile.model, n_layers=depth)
-    device = torch.device(args.device)
+    device = torch.device("cuda:0" if args.device == "cuda" else args.device)  # rank 0's
     if device.type == "cuda":
         torch.cuda.set_device(device)
     bs = profile.block_size
