@@ -14,11 +14,10 @@ The model is the profile each run was made with, or --costs (a re-profile of the
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from pathlib import Path
 
-from rounds import GpuRound, gpu_rounds, h200_run
+from rounds import GpuRound, gpu_rounds, run_arguments, selected_runs
 
 CLASSES = ("decode only", "prefill, < 256 tokens", "prefill, 256-1,023", "prefill, >= 1,024")
 
@@ -30,18 +29,11 @@ def round_class(r: GpuRound) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("rates", nargs="*", help="committed H200 runs, by offered rate")
-    ap.add_argument("--scenario")
-    ap.add_argument("--real", help="the real run directory of --scenario")
-    ap.add_argument("--costs", help="price the runs with this profile of the same box")
-    args = ap.parse_args()
-    runs = [(rate, *h200_run(rate)) for rate in args.rates]
-    if args.scenario:
-        runs.append(("-", args.scenario, args.real))
+    args = run_arguments(__doc__.split("\n\n")[0])
     print(f"{'rate':>4}  {'policy':9}{'GPU rounds':23}{'n':>6}{'real s':>9}{'model s':>9}"
           f"{'median real/model':>19}")
-    for rate, scenario, real in runs:
+    for rate, scenario, real in selected_runs(args):
+        rate = rate or "-"
         for policy in ("dualpace", "vllm"):
             if not any(Path(real).glob(f"journal-{policy}.*")):
                 continue

@@ -7,6 +7,7 @@ be set beside what the simulator charges for that plan. Shared by the analysis s
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,25 @@ class GpuRound:
     @property
     def model_s(self) -> float:
         return self.fixed_s + self.n_layers * self.layer_s
+
+
+def run_arguments(description: str) -> argparse.Namespace:
+    """The runs an analysis reads: committed H200 runs by rate, and/or --scenario with its
+    --real run directory; --costs prices them with another profile of their box."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("rates", nargs="*", help="committed H200 runs, by offered rate")
+    ap.add_argument("--scenario")
+    ap.add_argument("--real", help="the real run directory of --scenario")
+    ap.add_argument("--costs", help="price the runs with this profile of the same box")
+    return ap.parse_args()
+
+
+def selected_runs(args: argparse.Namespace) -> list[tuple[str | None, str, str]]:
+    """(rate, or None for --scenario, scenario, real run directory) of each run asked for."""
+    runs: list[tuple[str | None, str, str]] = [(rate, *h200_run(rate)) for rate in args.rates]
+    if args.scenario:
+        runs.append((None, args.scenario, args.real))
+    return runs
 
 
 def h200_run(rate: str) -> tuple[str, str]:
