@@ -472,3 +472,26 @@ def test_rank_round_is_what_whole_rounds_cost_beyond_the_models_price():
     assert want[-1] == 0.0  # a round cheaper than its price adds nothing
     with pytest.raises(ValueError, match="needs two depths"):
         with_rank_round(profile, {12: walls(12)})
+
+
+def test_rank_rounds_are_timed_at_the_depth_rank_0s_gpu_holds(monkeypatch):
+    """The whole model where rank 0's GPU holds its full weights, its shard and its KV beside
+    them; else as many layers as fit, and never fewer than two (a slope needs two depths)."""
+    from dualpace_hw.profiler.rank_round import MEMORY_SHARE, timed_depth
+    from dualpace_sim.costs.shapes import BUILTIN_SHAPES
+
+    shape, cuda = BUILTIN_SHAPES["qwen3-14b"], torch.device("cuda", 0)
+    need = ((shape.embedding_params + shape.lm_head_params) * shape.dtype_bytes
+            + shape.n_layers * (shape.weight_bytes_per_layer * 1.5
+                                + shape.kv_bytes_per_token_per_layer * 16 * 4096 / 2))
+
+    def free(nbytes: float):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (nbytes, 0))
+
+    free(need / MEMORY_SHARE * 1.01)
+    assert timed_depth(shape, 2, cuda, 4096, 16) == shape.n_layers  # Qwen3-14B on an H200
+    free(need / MEMORY_SHARE / 2)
+    assert 2 < timed_depth(shape, 2, cuda, 4096, 16) < shape.n_layers
+    free(1 << 30)
+    assert timed_depth(shape, 2, cuda, 4096, 16) == 2
+    assert timed_depth(shape, 2, torch.device("cpu"), 4096, 16) == shape.n_layers
