@@ -50,15 +50,17 @@ def one_round(ex: LeadExecutor, plan, delay_s: float) -> tuple[float, list[float
     if delay_s:
         time.sleep(delay_s)
     fw = GpuExecutor.forward(ex, rnd)
-    events = []
-    for stage in fw:
+    events: list[torch.cuda.Event] = []
+
+    def mark() -> None:
         if ex.cuda:
             events.append(torch.cuda.Event(enable_timing=True))
             events[-1].record()
+
+    for stage in fw:
+        mark()
         stage()
-    if ex.cuda:
-        events.append(torch.cuda.Event(enable_timing=True))
-        events[-1].record()
+    mark()
     tokens = fw.result()
     ex.peers.end(tokens)
     wall = time.perf_counter() - start
