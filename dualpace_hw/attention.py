@@ -1,7 +1,12 @@
-"""Attention over paged KV: a plain PyTorch path that runs on any device.
+"""Attention over paged KV: prefill attention for the GPU executor, and plain PyTorch paths
+that run on any device.
 
-The executors use faster kernels where they have them (Triton on CUDA, a C++/OpenMP kernel on
-the CPU); this module is their reference and their fallback.
+Decode attention has faster kernels elsewhere (Triton on CUDA, a C++/OpenMP kernel on the CPU);
+this module's decode path is their reference. Prefill attention on CUDA is FlashAttention-2's
+varlen kernel (PyTorch's own, `aten._flash_attention_forward`): GQA natively and causal
+aligned to the end of the key range, which is what a chunk at an offset into its prompt needs.
+Masked SDPA, which it replaced, took SDPA's math path for the stacked GQA heads and ran 24-151x
+the roofline on the H200 (docs/h200-measured-vs-roofline.md); it stays the path off CUDA.
 """
 
 from __future__ import annotations
@@ -54,8 +59,43 @@ def prefill_attention(
     """A prompt chunk of C tokens at positions start .. start+C-1 attending causally to the
     whole prefix, whose K/V (this chunk's included) are already in the pages.
 
-    q: [C, n_heads, hd] -> [C, n_heads, hd].
+    q: [C, n_heads, hd] -> [C, n_heads, hd]. Flash varlen on CUDA (bf16/fp16), masked SDPA
+    elsewhere.
     """
+    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+        return flash_prefill_attention(q, k_cache, v_cache, block_table, start)
+    return masked_prefill_attention(q, k_cache, v_cache, block_table, start)
+
+
+def flash_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    start: int,
+) -> torch.Tensor:
+    """`prefill_attention` through FlashAttention-2's varlen kernel: the prefix's pages gathered
+    once into [tokens, kv_heads, hd], one sequence, causal from the bottom right."""
+    chunk, length, bs = q.shape[0], start + q.shape[0], k_cache.shape[2]
+    ids = block_table[: -(-length // bs)]
+    # [n, kvh, bs, hd] -> [n * bs, kvh, hd]: the pages in token order
+    k = k_cache[ids].transpose(1, 2).reshape(-1, k_cache.shape[1], k_cache.shape[3])[:length]
+    v = v_cache[ids].transpose(1, 2).reshape(-1, v_cache.shape[1], v_cache.shape[3])[:length]
+    cu = torch.tensor([[0, chunk], [0, length]], dtype=torch.int32, device=q.device)
+    out = torch.ops.aten._flash_attention_forward(
+        q.contiguous(), k, v, cu[0], cu[1], chunk, length, 0.0, True, False)[0]
+    return out
+
+
+def masked_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    start: int,
+) -> torch.Tensor:
+    """`prefill_attention` as SDPA over the gathered prefix with an explicit causal mask, the
+    query heads of each KV group stacked (any device, any dtype)."""
     chunk = q.shape[0]
     length = start + chunk
     k, v = gather_kv(k_cache, v_cache, block_table, length)

@@ -106,7 +106,7 @@ def run(
         _fail(str(e))
     except KeyboardInterrupt:
         typer.echo("interrupted: the engines stopped and the CPU engine's process exited; "
-                   f"policies that finished are in {out}/", err=True)
+                   f"what ran is in {out}/ (the stopped policy marked partial)", err=True)
         raise typer.Exit(130) from None
     for s in summaries:
         typer.echo(f"{s['policy']}: completed={s['completed']}/{s['submitted']} "

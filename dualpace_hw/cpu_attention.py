@@ -37,7 +37,8 @@ from .hostinfo import cpu_flags
 
 log = logging.getLogger("dualpace_hw.cpu_attention")
 
-_SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
+# One extension, one op namespace (dualpace_cpu): the paged attention and the dense kernels.
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.cpp", "dense.cpp")]
 _lock = threading.Lock()
 _state: dict[str, object] = {"tried": False, "ok": False, "error": None, "build_s": None}
 
@@ -104,7 +105,7 @@ def load_extension(verbose: bool = False) -> bool:
                 name, folder = _build_name()
                 folder.mkdir(parents=True, exist_ok=True)
                 t0 = time.perf_counter()
-                load(name=name, sources=[str(_SOURCE)], extra_cflags=_compile_flags(),
+                load(name=name, sources=[str(p) for p in _SOURCES], extra_cflags=_compile_flags(),
                      extra_ldflags=["-fopenmp"], build_directory=str(folder),
                      is_python_module=False, verbose=verbose)
                 _state["build_s"] = time.perf_counter() - t0

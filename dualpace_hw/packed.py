@@ -1,41 +1,42 @@
-"""Prepacked oneDNN linears for the CPU executor (AMX on CPUs that have it).
+"""The CPU executor's dense projections: bf16 weights reordered once, AMX where the CPU has it.
 
-`PackedDense` is a drop-in replacement for `model.Dense`: its weight is reordered once into
-oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`) and every call runs the
-oneDNN inner product on it (`torch.ops.mkldnn._linear_pointwise`), so oneDNN picks its AMX
-kernels (brgemm avx512_core_amx) on Sapphire/Emerald Rapids and AVX512-BF16 ones elsewhere, and
-no call pays to reformat the weight. Plain `torch.matmul` on a bf16 CPU tensor also reaches
-oneDNN, but with the weight in its plain layout, so each call repacks it on the fly.
+`PackedDense` is a drop-in replacement for `model.Dense`. Its weight is reordered at load into
+the blocked layout of the extension's dense kernel (`csrc/dense.cpp`: column blocks of 32 in
+the VNNI-2 order AMX and vdpbf16ps read), and every call runs that kernel: AMX tiles for more
+than `SMALL_ROWS` rows, AVX512-BF16 for fewer (or everywhere on CPUs without AMX). Each thread
+owns a contiguous range of the weight's column blocks, so a call reads the weight from DRAM
+once at any row count. Why not oneDNN through torch: plain `F.linear`
+repacks the weight on every call above 64 rows (20-40 GB/s, 2.6 TF/s at 128 rows on the H200
+box) and the prepacked inner product Inductor emits fell off a cliff above 64 rows
+(benchmarks/results/README.md).
 
-These are the ops PyTorch's own Inductor CPU backend emits for frozen bf16 linears; they exist in
-torch 2.4 through 2.13 at least (checked on 2.11 on the accelerator machine and 2.13 here).
-Where they are missing, or oneDNN has no bf16 kernels for this CPU, or packing fails,
-`PackedDense` falls back to `F.linear` and logs why once.
+Where the kernel cannot run (no C++ extension, a CPU with neither AMX-BF16 nor AVX512-BF16, a
+non-bf16 weight) `PackedDense` falls back to `F.linear` and logs why once.
 
 `pack_model(model)` returns a CPU `Model` whose projections (qkv, o, gate_up, down, lm_head) are
-`PackedDense`; the embedding and norms are shared with the input model. Packed weights are
-oneDNN tensors: they cannot be sent to another process, so a CPU engine in its own process packs
-its model there.
+`PackedDense`; the embedding and norms are shared with the input model.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from .cpu_attention import extension_info, load_extension
 from .model import Dense, LayerWeights, Model, ModelWeights
 
 log = logging.getLogger("dualpace_hw.packed")
 _warned: set[str] = set()
-_checked: set[torch.dtype] = set()
 
 
 def _warn_once(reason: str) -> None:
@@ -121,74 +122,109 @@ def cpu_clock_ghz() -> tuple[float | None, str]:
     return None, "unknown"
 
 
-def _pack_ops_available() -> str | None:
-    """None when the oneDNN prepacked-linear ops exist, else the reason they don't."""
-    if not torch.backends.mkldnn.is_available():
-        return "this torch build has no oneDNN (mkldnn)"
-    for name in ("_reorder_linear_weight", "_linear_pointwise"):
-        if not hasattr(torch.ops.mkldnn, name):
-            return f"torch.ops.mkldnn.{name} is missing in torch {torch.__version__}"
-    return None
+@functools.cache
+def dense_isas() -> list[str]:
+    """The dense kernel's paths this machine can run, fastest first: "amx" (our AMX tile kernel)
+    and "brgemm" (the same tiles through ATen's oneDNN ukernel), where the CPU has AMX-BF16 and
+    the kernel lets this process use it; "avx512bf16" where the extension was built for it;
+    "portable" (plain C++, which tests run everywhere). [] without the extension."""
+    if not load_extension():
+        return []
+    built = torch.ops.dualpace_cpu.dense_isas()
+    feats = cpu_features()
+    amx = bool(feats["amx_bf16"] and feats["amx_tile"] and feats["amx_usable"])
+    isas = [name for code, name in (("3", "amx"), ("2", "brgemm")) if amx and code in built]
+    if "1" in built:
+        isas.append("avx512bf16")
+    return isas + ["portable"]
+
+
+_ISA_CODES = {"portable": 0, "avx512bf16": 1, "brgemm": 2, "amx": 3}
+# How far ahead (in 32-k steps of 2 KiB of weight) the AMX path prefetches the weight stream.
+AMX_PREFETCH_STEPS = 4
+
+
+def amx_tile_peak(iters: int = 200_000) -> float:
+    """FLOP/s of AMX tile multiplies alone (TDPBF16PS on data held in tile registers) with the
+    calling thread's OpenMP team: the hardware's ceiling, which no GEMM reaches. 0.0 where the
+    extension has no AMX kernel or the CPU has no AMX."""
+    if "amx" not in dense_isas():
+        return 0.0
+    t0 = time.perf_counter()
+    flops = torch.ops.dualpace_cpu.tile_peak_flops(iters)
+    return flops / (time.perf_counter() - t0)
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] bf16 -> the kernel's blocked layout [ceil(N/32), K/2, 32, 2] (csrc/dense.cpp)."""
+    if weight.dim() != 2 or weight.dtype != torch.bfloat16 or weight.shape[1] % 2:
+        raise ValueError(f"pack_weight wants a 2-D bf16 weight of even in_features, got "
+                         f"{tuple(weight.shape)} {weight.dtype}")
+    return torch.ops.dualpace_cpu.pack_linear_weight(weight.contiguous())
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int,
+                  isa: str, ahead: int = AMX_PREFETCH_STEPS) -> torch.Tensor:
+    """[M, K] bf16 @ the packed [N, K] weight -> [M, N] bf16, on the named path (checked here,
+    not in C++: a C++ exception from an op crashed the process under torch 2.11). `ahead`: the
+    AMX path's weight prefetch distance in 32-k steps (0: none)."""
+    if isa not in _ISA_CODES:
+        raise ValueError(f"unknown dense kernel path {isa!r}; one of {sorted(_ISA_CODES)}")
+    k = packed.shape[1] * 2
+    if isa == "amx" and k % 32:
+        raise ValueError(f"the AMX path needs in_features in multiples of 32, got {k}")
+    if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.bfloat16:
+        raise ValueError(f"packed_linear wants x [M, {k}] bf16, got {tuple(x.shape)} {x.dtype}")
+    if not 0 < out_features <= packed.shape[0] * 32:
+        raise ValueError(f"out_features {out_features} does not fit the packed weight "
+                         f"{tuple(packed.shape)}")
+    return torch.ops.dualpace_cpu.packed_linear(x.contiguous(), packed, out_features,
+                                                _ISA_CODES[isa], ahead)
+
+
+# Rows up to which the AVX512-BF16 path runs even where AMX is there: a few rows leave AMX's
+# 16-row tiles mostly empty while both paths stream the same weight bytes.
+SMALL_ROWS = 4
 
 
 class PackedDense(Dense):
-    """y = x @ W^T with W prepacked for oneDNN (falls back to F.linear where it cannot be).
+    """y = x @ W^T with W reordered once into the dense kernel's blocked layout (csrc/dense.cpp):
+    AMX tiles where the CPU has them, AVX512-BF16 for few rows or where AMX is absent. Falls
+    back to F.linear, with the reason logged once, where neither runs (no extension, a CPU
+    without AVX512-BF16, a non-bf16 or non-CPU weight).
 
-    `batch_hint`: the row count the layout is tuned for (None lets oneDNN choose; the format it
-    picks serves every batch size without a per-call reorder, checked with ONEDNN_VERBOSE).
     `keep_plain`: keep the plain weight too (twice the memory) so `.weight` is free.
-    `max_rows`: run inputs of more rows in chunks of this many rows. On the accelerator
-    machine's Xeon, oneDNN's packed inner product ran 64 rows at 4-5 TFLOP/s but fell off a
-    cliff at 128 and 256 (benchmarks/results/h200-spr16-cpu_kernels.md); 64-row chunks are the
-    fix those numbers suggest, not yet measured there, so it is off by default.
     """
 
-    def __init__(
-        self, weight: torch.Tensor, batch_hint: int | None = None, keep_plain: bool = False,
-        max_rows: int | None = None,
-    ) -> None:
-        self.max_rows = max_rows
+    def __init__(self, weight: torch.Tensor, keep_plain: bool = False) -> None:
         self._plain: torch.Tensor | None = weight
         self.out_dim, self.in_dim = weight.shape
         self.dtype = weight.dtype
         self.packed: torch.Tensor | None = None
+        self.isa: str | None = None
+        self.small_isa: str | None = None
         self.fallback_reason: str | None = None
-        reason = _pack_ops_available()
-        if reason is None and weight.device.type != "cpu":
+        isas = [i for i in dense_isas()
+                if i != "portable" and (i != "amx" or self.in_dim % 32 == 0)]
+        reason = None
+        if weight.device.type != "cpu":
             reason = f"the weight is on {weight.device}, not the CPU"
-        if reason is None and weight.dtype == torch.bfloat16 and not _mkldnn_bf16_supported():
-            reason = "oneDNN has no bf16 kernels for this CPU (needs AVX512BW/VL/DQ or AMX)"
-        if reason is None and weight.dtype not in (torch.bfloat16, torch.float32):
-            reason = f"dtype {weight.dtype} is not packed (bf16 and fp32 are)"
+        elif weight.dtype != torch.bfloat16:
+            reason = f"dtype {weight.dtype} is not packed (bf16 is)"
+        elif not isas:
+            reason = ("the CPU dense kernel needs AMX-BF16 or AVX512-BF16 and the C++ "
+                      f"extension ({extension_info()['error'] or 'built without either'})")
+        elif self.in_dim % 2:
+            reason = f"in_features {self.in_dim} is odd"
         if reason is None:
-            try:
-                self.packed = torch.ops.mkldnn._reorder_linear_weight(
-                    weight.contiguous(), batch_hint)
-                self._self_check(weight)
-            except Exception as e:
-                self.packed = None
-                reason = f"packing failed: {type(e).__name__}: {e}"
-        if reason is not None:
+            self.packed = pack_weight(weight)
+            self.isa = isas[0]
+            self.small_isa = "avx512bf16" if "avx512bf16" in isas else self.isa
+            if not keep_plain:
+                self._plain = None
+        else:
             self.fallback_reason = reason
             _warn_once(reason)
-        elif not keep_plain:
-            self._plain = None
-
-    def _self_check(self, weight: torch.Tensor) -> None:
-        """Once per dtype per process: the packed op agrees with F.linear on a few rows."""
-        if weight.dtype in _checked:
-            return
-        x = torch.randn(3, self.in_dim, generator=torch.Generator().manual_seed(0)).to(weight.dtype)
-        got = self._packed_call(x).float()
-        ref = F.linear(x.float(), weight.float())
-        tol = 2e-2 if weight.dtype == torch.bfloat16 else 1e-4
-        err = (got - ref).abs().max().item() / max(ref.abs().max().item(), 1e-6)
-        if not err < tol:
-            raise RuntimeError(f"packed linear disagrees with F.linear (relative error {err:.3g})")
-        _checked.add(weight.dtype)
-
-    def _packed_call(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
     @property
     def is_packed(self) -> bool:
@@ -199,11 +235,11 @@ class PackedDense(Dense):
         """The plain [out, in] weight (unpacked on demand, which copies, unless keep_plain)."""
         if self._plain is not None:
             return self._plain
-        return self.packed.to_dense()
+        return unpack_weight(self.packed, self.out_dim)
 
     @weight.setter
     def weight(self, value: torch.Tensor) -> None:
-        self.__init__(value, max_rows=self.max_rows)
+        self.__init__(value)
 
     @property
     def out_features(self) -> int:
@@ -212,25 +248,25 @@ class PackedDense(Dense):
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             return F.linear(x, self._plain)
-        if x.dtype != self.dtype:
-            x = x.to(self.dtype)
-        rows = x.numel() // self.in_dim if self.in_dim else 0
-        if self.max_rows and rows > self.max_rows:
-            flat = x.reshape(rows, self.in_dim)
-            y = torch.cat([self._packed_call(c) for c in flat.split(self.max_rows)])
-            return y.view(*x.shape[:-1], self.out_dim)
-        return self._packed_call(x)
+        flat = x.reshape(-1, self.in_dim).to(self.dtype)
+        isa = self.small_isa if flat.shape[0] <= SMALL_ROWS else self.isa
+        y = packed_linear(flat, self.packed, self.out_dim, isa)
+        return y.view(*x.shape[:-1], self.out_dim)
 
 
-def pack_dense(d: Dense, batch_hint: int | None = None, keep_plain: bool = False,
-               max_rows: int | None = None) -> PackedDense:
+def unpack_weight(packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """The blocked layout back to the plain [N, K] weight (tests, and `.weight` on demand)."""
+    nb, k2, bn, _ = packed.shape
+    return packed.permute(0, 2, 1, 3).reshape(nb * bn, k2 * 2)[:out_features].contiguous()
+
+
+def pack_dense(d: Dense, keep_plain: bool = False) -> PackedDense:
     if isinstance(d, PackedDense):
         return d
-    return PackedDense(d.weight, batch_hint=batch_hint, keep_plain=keep_plain, max_rows=max_rows)
+    return PackedDense(d.weight, keep_plain=keep_plain)
 
 
-def pack_model(model: Model, batch_hint: int | None = None, keep_plain: bool = False,
-               max_rows: int | None = None,
+def pack_model(model: Model, keep_plain: bool = False,
                on_layer: Callable[[int, LayerWeights], None] | None = None) -> Model:
     """A CPU model whose projections are PackedDense (the input model is left as it was).
 
@@ -240,7 +276,7 @@ def pack_model(model: Model, batch_hint: int | None = None, keep_plain: bool = F
         raise ValueError(f"pack_model needs a CPU model, got one on {model.device}")
     w = model.w
     def pk(d: Dense) -> PackedDense:
-        return pack_dense(d, batch_hint, keep_plain, max_rows)
+        return pack_dense(d, keep_plain)
 
     layers = []
     for i, lw in enumerate(w.layers):

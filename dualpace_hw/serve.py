@@ -4,7 +4,10 @@ metrics, plots and `dualpace-sim validate` read both."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import threading
 from dataclasses import asdict
 from pathlib import Path
 
@@ -23,10 +26,28 @@ from dualpace_sim.validate import RUN_PROFILE
 
 from .cpu_worker import CpuEngineProcess
 from .model import ModelWeights
-from .runtime import DualPaceRuntime, GpuEngine, VllmRuntime
+from .runtime import DualPaceRuntime, EngineFailure, GpuEngine, VllmRuntime
 from .tp import shard_shape
 
 REAL_POLICIES = ("dualpace", "vllm")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (a `timeout`, a scheduler's kill) stops the run as Ctrl-C does, so what ran is
+    written before the process exits rather than lost."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def build_runtime(loaded: LoadedScenario, policy: str, device: str, cpu_cores: int | None,
@@ -65,12 +86,21 @@ def check_split(shape: ModelShape, device: str, cpu_tp: int, gpu_tp: int) -> Non
         raise ValueError(f"--gpu-tp {gpu_tp}: this box has {torch.cuda.device_count()} GPU(s)")
 
 
+def stop_reason(e: BaseException) -> str:
+    """How a run that did not finish was stopped, for its summary."""
+    if isinstance(e, KeyboardInterrupt):
+        return f"interrupted ({e.args[0] if e.args else 'SIGINT'})"
+    return str(e)
+
+
 def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
              cpu_cores: int | None = None, trace_events: Path | None = None,
              cpu_tp: int = 1, gpu_tp: int = 1, policies: list[str] | None = None) -> list[dict]:
     """Run every policy the runtime has for real, or those of `policies` in that order (the
     scenario's by default); write results after each one (and the timeline trace, one process
-    per policy, when `trace_events` names a file). The policies share the process: one run
+    per policy, when `trace_events` names a file). A policy stopped by SIGINT, SIGTERM or an
+    engine failure still writes what it did (every request's tokens so far, its journal) with
+    `"partial": true` and `stopped_by` in its summary, and the stop is raised again. The policies share the process: one run
     second finds the kernels the first compiled, so the order can matter to a comparison."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("no CUDA device: run on a GPU box, or pass --device cpu (tests)")
@@ -102,19 +132,27 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
         if trace_events is not None:
             runtime.trace = TraceRecorder(f"{loaded.spec.name}: {policy} (real)")
             traces.append(runtime.trace)
-        requests = runtime.serve()
+        stopped: BaseException | None = None
+        try:
+            with sigterm_as_interrupt():
+                runtime.serve()
+        except (KeyboardInterrupt, EngineFailure) as e:
+            stopped = e  # what ran is written below, then the stop goes on to the caller
         runtime.journal.write(out / JOURNAL_FILE.format(policy=policy))
-        frame = records_frame(requests, policy)
+        frame = records_frame(runtime.requests, policy)
         frames[policy] = frame
         summaries.append({
             "scenario": loaded.spec.name, "policy": policy, "rate": loaded.spec.workload.rate,
             **summarize(frame), "real": True, "device": device, "cpu_tp": cpu_tp, "gpu_tp": gpu_tp,
-            "engine": asdict(runtime.stats),
+            "engine": asdict(runtime.stats), "partial": stopped is not None,
+            **({"stopped_by": stop_reason(stopped)} if stopped is not None else {}),
         })
         write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet")
         (out / "summary.json").write_text(json.dumps(_json_safe(summaries), indent=2) + "\n")
         if trace_events is not None:
             write_trace(trace_events, traces)
+        if stopped is not None:
+            raise stopped
     if frames:
         plot_timeline(frames, out / "timeline")
     return summaries

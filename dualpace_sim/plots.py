@@ -374,13 +374,17 @@ def is_run_dir(path: Path | str) -> bool:
 def plot_run_dir(path: Path | str, out_dir: Path | str | None = None) -> PlotReport:
     """Timeline (with CPU-stall annotation) and latency CDFs of a ``run`` result directory
     (or one sweep point), into ``out_dir`` (default ``path``/plots)."""
-    from dualpace_sim.records import read_records
+    from dualpace_sim.records import partial_policies, read_records
 
     path = Path(path)
     out_dir = Path(out_dir) if out_dir is not None else path / "plots"
     frames = _frames_by_policy(read_records(path / "requests.parquet"))
     report = PlotReport()
-    plot_timeline(frames, out_dir / "timeline", title=f"{path.name}: token progress",
+    partial = partial_policies(path)
+    report.lines += [f"note: {p} is a partial run ({why}): the figures show what it did before "
+                     "it stopped" for p, why in partial.items()]
+    mark = f" (partial: {', '.join(partial)})" if partial else ""
+    plot_timeline(frames, out_dir / "timeline", title=f"{path.name}: token progress{mark}",
                   annotate_stalls=True)
     report.add(out_dir / "timeline")
     plot_latency_cdf(frames, out_dir / "latency_cdf", title=f"{path.name}: latency CDFs")

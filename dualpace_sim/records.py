@@ -119,3 +119,19 @@ def read_records(path: str | Path) -> pd.DataFrame:
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise ValueError(f"{problem} (column types differ); rewrite it") from exc
     return table.to_pandas()
+
+
+def partial_policies(run_dir: str | Path) -> dict[str, str]:
+    """policy -> how it was stopped, for the policies a run directory's summary.json marks
+    `"partial": true` (a real run stopped by SIGINT, SIGTERM or an engine failure writes what
+    it did and says so); {} when there is no readable summary or nothing is partial."""
+    import json
+
+    try:
+        summaries = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(summaries, list):
+        return {}
+    return {str(s.get("policy")): str(s.get("stopped_by", "stopped"))
+            for s in summaries if isinstance(s, dict) and s.get("partial")}

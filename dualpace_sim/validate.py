@@ -206,6 +206,12 @@ def check_against_scenario(real: RealRun, loaded: LoadedScenario) -> list[str]:
             notes.append(f"note: {real.path} ran {policy}'s GPU engine on {gpu_ranks} "
                          f"tensor-parallel GPU(s), the profile describes {gpu_profiled}; its GPU "
                          f"costs are another engine's (profile with --gpu-tp {gpu_ranks})")
+        if summary.get("partial"):
+            notes.append(f"note: {real.path}: {policy} is a partial run "
+                         f"({summary.get('stopped_by', 'stopped')}): "
+                         f"{summary.get('completed')} of {summary.get('submitted')} requests "
+                         "finished; the simulator serves the whole workload, so the figures "
+                         "compare a truncated run")
         name = summary.get("scenario")
         if isinstance(name, str) and name != spec.name:
             notes.append(f"note: {real.path} is named {name!r}, the scenario {spec.name!r}")

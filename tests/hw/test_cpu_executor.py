@@ -47,30 +47,7 @@ class Tokens:
 
 
 # --------------------------------------------------------------------------- PackedDense
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_packed_dense_equals_f_linear(dtype):
-    g = torch.Generator().manual_seed(0)
-    w = (torch.randn(96, 64, generator=g) / 8).to(dtype)
-    d = PackedDense(w)
-    if not d.is_packed:
-        pytest.skip(f"oneDNN packing unavailable here: {d.fallback_reason}")
-    assert d.out_features == 96
-    torch.testing.assert_close(d.weight, w)  # unpacked on demand
-    tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-5}
-    for rows in (1, 3, 16, 33):
-        x = torch.randn(rows, 64, generator=g).to(dtype)
-        got = d(x)
-        assert got.dtype == dtype and got.shape == (rows, 96)
-        torch.testing.assert_close(got.float(), F.linear(x.float(), w.float()), **tol)
-    x3 = torch.randn(2, 5, 64, generator=g).to(dtype)  # leading dims and a strided input
-    torch.testing.assert_close(d(x3).float(), F.linear(x3, w).float(), **tol)
-    xt = torch.randn(64, 7, generator=g).to(dtype).t()
-    torch.testing.assert_close(d(xt).float(), F.linear(xt, w).float(), **tol)
-    d.max_rows = 4  # large batches in row chunks: same result
-    xs = torch.randn(3, 5, 64, generator=g).to(dtype)
-    torch.testing.assert_close(d(xs).float(), F.linear(xs, w).float(), **tol)
-
-
+# (the kernel itself: test_dense_kernel.py)
 def test_packed_dense_falls_back_with_a_reason():
     w = torch.randn(8, 4, dtype=torch.float64)
     d = PackedDense(w)

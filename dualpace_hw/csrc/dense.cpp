@@ -1,0 +1,364 @@
+// Dense projections of the CPU executor: y = x @ W^T in bf16 with W reordered once at load.
+//
+// Why our own: on the H200 box's Xeon, torch's bf16 linear (oneDNN on plain weights) streams
+// weights at 55-66 GB/s up to 48 rows and falls to 20-40 GB/s from 63 rows (2.6 TF/s at 128,
+// a tenth of what 14 AMX cores do), and oneDNN's prepacked inner product (the Inductor ops)
+// falls off a cliff above 64 rows. The work here is laid out so that neither happens:
+//
+// * Packed layout: W [N, K] becomes N/32 column blocks, each [K/2, 32, 2] (the VNNI-2 order
+//   AMX and vdpbf16ps read: two consecutive k of one output column side by side), so a block
+//   is one contiguous 64*K-byte stream, read once per call from DRAM.
+// * Work split: every thread owns a contiguous range of column blocks and does all rows for
+//   them (no two threads read the same weight bytes), walking its blocks in groups of about
+//   kGroupBytes (4 x 256 KiB at K = 4096, 1 block at K = 14336) so that a group stays in L2
+//   while every 32-row block of x passes over it. Time then grows with rows only through
+//   compute: no cliffs.
+// * Tiles: AMX on 32 x 32 fp32 tiles (our 2 x 2 tile kernel, the weight stream prefetched
+//   ahead; or the same tiles through ATen's brgemm, oneDNN's ukernel, which PyTorch's own CPU
+//   flash attention and Inductor's CPU GEMM templates call); AVX512-BF16 (vdpbf16ps, 4 rows
+//   x 32 columns of fp32 accumulators, the weight stream prefetched ahead) where AMX is absent
+//   or rows are few; and a portable path (plain C++, fp32 sums) for every other CPU, which
+//   CI runs to check the layout and tiling on machines with neither.
+//
+// Ops (namespace dualpace_cpu):
+//   pack_linear_weight(w [N, K] bf16) -> packed [ceil(N/32), K/2, 32, 2] bf16 (zero-padded)
+//   packed_linear(x [M, K] bf16, packed, N, isa, ahead) -> y [M, N] bf16
+//       isa: 0 portable, 1 avx512bf16, 2 AMX through ATen's brgemm, 3 our AMX tiles (the
+//       caller checks the CPU has AMX); ahead: the AMX path's weight prefetch distance
+//   tile_peak_flops(iters) -> FLOPs of iters x 4 tile multiplies per thread (the AMX ceiling)
+//   dense_isas() -> the isa codes this build has: "012" where it was compiled for AVX512-BF16,
+//       else "02" (AMX is ATen's brgemm, there in every build; whether the CPU has it is the
+//       caller's to check)
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/native/CPUBlas.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#define DP_DENSE_AVX512BF16 1
+#else
+#define DP_DENSE_AVX512BF16 0
+#endif
+#if DP_DENSE_AVX512BF16 && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define DP_DENSE_AMX 1
+#else
+#define DP_DENSE_AMX 0
+#endif
+
+namespace {
+
+constexpr int64_t kBlockN = 32;  // output columns per packed block (two AMX tiles wide)
+constexpr int64_t kBlockM = 32;  // rows per tile (two AMX tiles high)
+constexpr int64_t kGroupBytes = 1 << 20;  // weight bytes of the column blocks that share one
+                                          // pass over the rows: half the L2 (2 MiB on SPR)
+constexpr int64_t kRowsU = 4;    // rows per vector micro-kernel call
+
+enum Isa : int64_t { kPortable = 0, kAvx512Bf16 = 1, kBrgemm = 2, kAmx = 3 };
+
+inline float bf16_to_float(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// One packed block times `rows` rows of x: c[r][n] = sum_k x[r][k] * W[n][k], fp32.
+// b: the block, [K/2][32][2]; x rows start `ldx` apart.
+void tile_portable(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t k2n,
+                   int64_t rows, float* c) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float acc[kBlockN] = {0.f};
+    const uint16_t* xr = x + r * ldx;
+    for (int64_t k2 = 0; k2 < k2n; ++k2) {
+      const float x0 = bf16_to_float(xr[2 * k2]), x1 = bf16_to_float(xr[2 * k2 + 1]);
+      const uint16_t* bk = b + k2 * kBlockN * 2;
+      for (int64_t n = 0; n < kBlockN; ++n) {
+        acc[n] += x0 * bf16_to_float(bk[2 * n]) + x1 * bf16_to_float(bk[2 * n + 1]);
+      }
+    }
+    std::memcpy(c + r * kBlockN, acc, sizeof(acc));
+  }
+}
+
+#if DP_DENSE_AVX512BF16
+template <int R>
+void micro_avx512bf16(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t k2n,
+                      float* c) {
+  constexpr int64_t kAhead = 16;  // k-pairs the weight stream is prefetched ahead (2 KiB)
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const int32_t* xp[R];
+  for (int r = 0; r < R; ++r) xp[r] = reinterpret_cast<const int32_t*>(x + r * ldx);
+  for (int64_t k2 = 0; k2 < k2n; ++k2) {
+    const uint16_t* bk = b + k2 * kBlockN * 2;
+    _mm_prefetch(reinterpret_cast<const char*>(bk + kAhead * kBlockN * 2), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(bk + kAhead * kBlockN * 2 + 32), _MM_HINT_T0);
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bk);
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bk + 32);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(xp[r][k2]);
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, b1);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(c + r * kBlockN, acc[r][0]);
+    _mm512_storeu_ps(c + r * kBlockN + 16, acc[r][1]);
+  }
+}
+
+void tile_avx512bf16(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t k2n,
+                     int64_t rows, float* c) {
+  int64_t r = 0;
+  for (; r + kRowsU <= rows; r += kRowsU) micro_avx512bf16<4>(x + r * ldx, ldx, b, k2n, c + r * kBlockN);
+  switch (rows - r) {
+    case 3: micro_avx512bf16<3>(x + r * ldx, ldx, b, k2n, c + r * kBlockN); break;
+    case 2: micro_avx512bf16<2>(x + r * ldx, ldx, b, k2n, c + r * kBlockN); break;
+    case 1: micro_avx512bf16<1>(x + r * ldx, ldx, b, k2n, c + r * kBlockN); break;
+    default: break;
+  }
+}
+#endif
+
+void tile_brgemm(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t k, int64_t rows,
+                 float* c) {
+  at::native::cpublas::brgemm(rows, kBlockN, k, ldx, kBlockN, kBlockN, /*add_C=*/false,
+                              reinterpret_cast<const at::BFloat16*>(x),
+                              reinterpret_cast<const at::BFloat16*>(b), c, /*is_vnni=*/true);
+}
+
+#if DP_DENSE_AMX
+// AMX tiles, 2 x 2: C tiles 0-3 (16 rows x 16 fp32 each) over x tiles 4-5 (16 rows x 32 k)
+// and weight tiles 6-7 (16 k-pairs x 16 columns x 2). Rows fewer than 32 shrink the x and C
+// tiles' row counts (one tile configuration per row count, loaded when it changes).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+thread_local int64_t configured_rows = -1;
+
+void release_tiles() {
+  _tile_release();
+  configured_rows = -1;
+}
+
+void configure_tiles(int64_t rows) {
+  int64_t& current = configured_rows;
+  if (current == rows) return;
+  TileConfig cfg;
+  const uint8_t r1 = static_cast<uint8_t>(std::min<int64_t>(rows, 16));
+  const uint8_t r2 = static_cast<uint8_t>(std::max<int64_t>(rows - 16, 1));
+  const uint8_t tile_rows[8] = {r1, r1, r2, r2, r1, r2, 16, 16};
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = tile_rows[t];
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+  current = rows;
+}
+
+// ahead: k-steps (of 32) the weight stream is prefetched ahead into L1, 0 for none; the tile
+// loads alone leave the weight's DRAM latency exposed (the next load of a weight tile waits for
+// the multiplies still reading that tile register).
+void tile_amx(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t k, int64_t rows,
+              int64_t ahead, float* c) {
+  configure_tiles(rows);
+  const bool two = rows > 16;
+  const int64_t sx = ldx * 2, sb = kBlockN * 2 * 2;  // row strides in bytes
+  _tile_zero(0);
+  _tile_zero(1);
+  if (two) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  const int64_t step_elems = 16 * kBlockN * 2, end = (k / 2) * kBlockN * 2;
+  for (int64_t k0 = 0; k0 < k; k0 += 32) {
+    const uint16_t* bk = b + (k0 / 2) * kBlockN * 2;
+    if (ahead && (k0 / 2) * kBlockN * 2 + ahead * step_elems < end) {
+      const char* p = reinterpret_cast<const char*>(bk + ahead * step_elems);
+      for (int line = 0; line < 32; ++line) _mm_prefetch(p + 64 * line, _MM_HINT_T0);
+    }
+    _tile_loadd(6, bk, sb);
+    _tile_loadd(7, bk + 32, sb);
+    _tile_loadd(4, x + k0, sx);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if (two) {
+      _tile_loadd(5, x + 16 * ldx + k0, sx);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  const int64_t sc = kBlockN * 4;
+  _tile_stored(0, c, sc);
+  _tile_stored(1, c + 16, sc);
+  if (two) {
+    _tile_stored(2, c + 16 * kBlockN, sc);
+    _tile_stored(3, c + 16 * kBlockN + 16, sc);
+  }
+}
+
+// Peak of the tiles alone: `iters` x 4 TDPBF16PS per thread on data in tile registers.
+double amx_tile_peak(int64_t iters) {
+  alignas(64) static uint16_t zeros[16 * 32] = {};
+  double flops = 0;
+#pragma omp parallel reduction(+ : flops)
+  {
+    configure_tiles(32);
+    _tile_loadd(4, zeros, 64);
+    _tile_loadd(5, zeros, 64);
+    _tile_loadd(6, zeros, 64);
+    _tile_loadd(7, zeros, 64);
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (int64_t i = 0; i < iters; ++i) {
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    alignas(64) float sink[16 * 16];
+    _tile_stored(0, sink, 64);
+    flops += static_cast<double>(iters) * 4 * 16 * 16 * 32 * 2 + sink[0] * 0;
+  }
+  return flops;
+}
+#endif
+
+// fp32 tile rows -> bf16 output columns [n0, n0 + cols), round to nearest even.
+void store_rows(const float* c, int64_t rows, int64_t cols, at::BFloat16* y, int64_t ldy) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* cr = c + r * kBlockN;
+    at::BFloat16* yr = y + r * ldy;
+#if DP_DENSE_AVX512BF16
+    if (cols == kBlockN) {
+      const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(cr + 16), _mm512_loadu_ps(cr));
+      _mm512_storeu_si512(yr, (__m512i)v);
+      continue;
+    }
+#endif
+    for (int64_t n = 0; n < cols; ++n) yr[n] = c10::BFloat16(cr[n]);
+  }
+}
+
+at::Tensor pack_linear_weight(at::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kBFloat16, "want a 2-D bf16 weight");
+  TORCH_CHECK(w.size(1) % 2 == 0, "in_features must be even (VNNI pairs), got ", w.size(1));
+  w = w.contiguous();
+  const int64_t n = w.size(0), k = w.size(1), nb = (n + kBlockN - 1) / kBlockN, k2n = k / 2;
+  at::Tensor packed = at::zeros({nb, k2n, kBlockN, 2}, w.options());
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  uint16_t* dst = reinterpret_cast<uint16_t*>(packed.data_ptr<at::BFloat16>());
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    uint16_t* out = dst + blk * k2n * kBlockN * 2;
+    const int64_t cols = std::min(kBlockN, n - blk * kBlockN);
+    for (int64_t j = 0; j < cols; ++j) {
+      const uint16_t* row = src + (blk * kBlockN + j) * k;
+      for (int64_t k2 = 0; k2 < k2n; ++k2) {
+        out[(k2 * kBlockN + j) * 2] = row[2 * k2];
+        out[(k2 * kBlockN + j) * 2 + 1] = row[2 * k2 + 1];
+      }
+    }
+  }
+  return packed;
+}
+
+// The column blocks [lo, hi) of one thread, all rows: groups of kGroupBytes, each group
+// passed over by every kBlockM-row block of x.
+void run_blocks(const uint16_t* x, int64_t m, int64_t k, const uint16_t* packed, int64_t n,
+                int64_t lo, int64_t hi, int64_t isa, int64_t ahead, at::BFloat16* y) {
+  alignas(64) float c[kBlockM * kBlockN];
+  const int64_t k2n = k / 2, block_elems = k2n * kBlockN * 2;
+  const int64_t group = std::max<int64_t>(1, kGroupBytes / (block_elems * 2));
+  for (int64_t g = lo; g < hi; g += group) {
+    const int64_t g_end = std::min(hi, g + group);
+    for (int64_t m0 = 0; m0 < m; m0 += kBlockM) {
+      const int64_t rows = std::min(kBlockM, m - m0);
+      const uint16_t* xm = x + m0 * k;
+      for (int64_t blk = g; blk < g_end; ++blk) {
+        const uint16_t* b = packed + blk * block_elems;
+        if (isa == kBrgemm) {
+          tile_brgemm(xm, k, b, k, rows, c);
+#if DP_DENSE_AMX
+        } else if (isa == kAmx) {
+          tile_amx(xm, k, b, k, rows, ahead, c);
+#endif
+#if DP_DENSE_AVX512BF16
+        } else if (isa == kAvx512Bf16) {
+          tile_avx512bf16(xm, k, b, k2n, rows, c);
+#endif
+        } else {
+          tile_portable(xm, k, b, k2n, rows, c);
+        }
+        const int64_t n0 = blk * kBlockN;
+        store_rows(c, rows, std::min(kBlockN, n - n0), y + m0 * n + n0, n);
+      }
+    }
+  }
+}
+
+at::Tensor packed_linear(at::Tensor x, at::Tensor packed, int64_t n, int64_t isa,
+                         int64_t ahead) {
+  // Shapes, dtypes and the isa are checked by the Python caller (dualpace_hw/packed.py): a
+  // C++ exception from an op crashed the process under torch 2.11 on the H200 box.
+  const int64_t m = x.size(0), k = x.size(1), nb = packed.size(0);
+  at::Tensor y = at::empty({m, n}, x.options());
+  if (m == 0) return y;
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
+  at::BFloat16* yp = y.data_ptr<at::BFloat16>();
+  const int threads = static_cast<int>(std::clamp<int64_t>(at::get_num_threads(), 1, nb));
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t lo = nb * t / nt, hi = nb * (t + 1) / nt;  // contiguous, balanced to one block
+    run_blocks(xp, m, k, wp, n, lo, hi, isa, ahead, yp);
+    if (isa == kBrgemm) at::native::cpublas::brgemm_release(/*is_vnni=*/true);
+#if DP_DENSE_AMX
+    if (isa == kAmx) release_tiles();
+#endif
+  }
+  return y;
+}
+
+std::string dense_isas() {
+  std::string isas = "0";
+#if DP_DENSE_AVX512BF16
+  isas += "1";
+#endif
+  isas += "2";
+#if DP_DENSE_AMX
+  isas += "3";
+#endif
+  return isas;
+}
+
+double tile_peak_flops(int64_t iters) {
+#if DP_DENSE_AMX
+  return amx_tile_peak(iters);
+#else
+  return 0.0;
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(dualpace_cpu, m) {
+  m.def("pack_linear_weight(Tensor w) -> Tensor", &pack_linear_weight);
+  m.def("packed_linear(Tensor x, Tensor packed, int n, int isa, int ahead=4) -> Tensor",
+        &packed_linear);
+  m.def("dense_isas() -> str", &dense_isas);
+  m.def("tile_peak_flops(int iters) -> float", &tile_peak_flops);
+}
