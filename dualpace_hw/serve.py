@@ -100,8 +100,9 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
     scenario's by default); write results after each one (and the timeline trace, one process
     per policy, when `trace_events` names a file). A policy stopped by SIGINT, SIGTERM or an
     engine failure still writes what it did (every request's tokens so far, its journal) with
-    `"partial": true` and `stopped_by` in its summary, and the stop is raised again. The policies share the process: one run
-    second finds the kernels the first compiled, so the order can matter to a comparison."""
+    `"partial": true` and `stopped_by` in its summary, and the stop is raised again. The
+    policies share the process: one run second finds the kernels the first compiled, so the
+    order can matter to a comparison."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("no CUDA device: run on a GPU box, or pass --device cpu (tests)")
     check_split(loaded.profile.model, device, cpu_tp, gpu_tp)
