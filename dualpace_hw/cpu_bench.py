@@ -1,15 +1,13 @@
-"""CPU kernel benchmarks: paged decode attention vs host read bandwidth, packed dense stages vs
-torch.matmul and the AMX peak. Llama-3.1-8B shapes (one layer's KV: 8 KV heads x 128, 32 query
-heads; projections QKV, O, gate/up, down and the LM head).
+"""CPU kernel benchmarks: paged decode attention vs host read bandwidth, Llama-3.1-8B shapes
+(one layer's KV: 8 KV heads x 128, 32 query heads). The dense stages are measured by
+benchmarks/cpu_tier.py.
 
 `cpu_section(out)` is what benchmarks/hw_kernels.py calls; run alone:
 
     python -m dualpace_hw.cpu_bench [--quick] [--out benchmarks/results/BOX-cpu_kernels.md]
 
 Every figure is set next to the limit measured in the same run: attention bytes of KV read per
-second vs a streaming read of a large buffer with all threads (target >= 75%); the packed dense
-path vs plain torch.matmul (target >= 2x at batch >= 64, never slower) with TFLOP/s and the share
-of the AMX peak (cores x 1024 BF16 FLOP/cycle x clock).
+second vs a streaming read of a large buffer with all threads (target >= 75%).
 """
 
 from __future__ import annotations
@@ -17,12 +15,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import platform
 import re
 import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,21 +32,12 @@ from .cpu_attention import (
     stream_read,
     torch_paged_decode_attention,
 )
-from .packed import PackedDense, cpu_clock_ghz, cpu_features
+from .packed import cpu_clock_ghz, cpu_features
 
 GiB = 1 << 30
 KV_HEADS, HEAD_DIM, N_HEADS, BLOCK = 8, 128, 32, 16
 ATTN_BATCHES = (16, 64, 128, 256)
 ATTN_CONTEXTS = (1024, 2048, 4096)
-DENSE_BATCHES = (1, 8, 16, 32, 64, 128, 256)
-# Llama-3.1-8B projections: name -> (out_features, in_features)
-DENSE_SHAPES = {
-    "qkv": (4096 + 2 * 1024, 4096),
-    "o": (4096, 4096),
-    "gate_up": (2 * 14336, 4096),
-    "down": (4096, 14336),
-    "lm_head": (128256, 4096),
-}
 
 
 def _timeit(fn: Callable[[], object], min_s: float = 0.25, min_iters: int = 3,
@@ -277,132 +263,6 @@ def attention_profile() -> list[dict[str, object]]:
     return out
 
 
-# ------------------------------------------------------------------ dense stages
-@contextlib.contextmanager
-def _capture_fd1(path: str):
-    """Redirect the process's stdout file descriptor (oneDNN's verbose output) to a file."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    with open(path, "w") as f:
-        os.dup2(f.fileno(), 1)
-        try:
-            yield
-        finally:
-            sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
-
-
-def onednn_kernels(w: torch.Tensor, d: PackedDense, batches=(1, 64, 256)) -> dict[str, list[str]]:
-    """The oneDNN primitives each path runs (ONEDNN_VERBOSE), to show AMX is used and that the
-    packed path does not reorder its weight per call."""
-    verbose = getattr(torch.backends.mkldnn, "verbose", None)
-    if verbose is None:
-        return {"note": ["torch.backends.mkldnn.verbose is missing"]}
-    out: dict[str, list[str]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, fn in (("packed", d), ("matmul", lambda x: torch.matmul(x, w.t()))):
-            for b in batches:
-                x = torch.randn(b, w.shape[1]).to(w.dtype)
-                fn(x)
-                path = os.path.join(tmp, f"{name}{b}.txt")
-                with _capture_fd1(path), verbose(torch.backends.mkldnn.VERBOSE_ON):
-                    fn(x)
-                lines = [ln.strip() for ln in Path(path).read_text().splitlines()
-                         if ",exec," in ln]
-                out[f"{name}_b{b}"] = [",".join(ln.split(",")[3:-1]) for ln in lines]
-    return out
-
-
-def packing_hints(quick: bool) -> list[dict[str, object]]:
-    """PackedDense with the layout tuned for other batch sizes (oneDNN's batch hint)."""
-    names = ("qkv",) if quick else ("qkv", "down", "lm_head")
-    out = []
-    g = torch.Generator().manual_seed(1)
-    print("\npacking batch hint (ms; weight layout picked by oneDNN):")
-    for name in names:
-        n_out, n_in = DENSE_SHAPES[name]
-        w = (torch.rand(n_out, n_in, generator=g) - 0.5).div_(n_in ** 0.5).to(torch.bfloat16)
-        for hint in (None, 16, 64, 256):
-            d = PackedDense(w, batch_hint=hint)
-            fmt = str(getattr(d.packed, "shape", "")) if d.packed is not None else "fallback"
-            with contextlib.suppress(Exception):
-                fmt = _weight_format(w, d)
-            for b in (1, 64, 128, 256):
-                x = torch.randn(b, n_in, generator=g).to(torch.bfloat16)
-                t = _timeit(lambda x=x, d=d: d(x), 0.1)
-                out.append({"stage": name, "hint": hint, "batch": b, "ms": t * 1e3,
-                            "format": fmt})
-            row = [r for r in out if r["stage"] == name and r["hint"] == hint]
-            print(f"  {name:>8} hint {hint!s:>4} [{fmt}]: " +
-                  ", ".join(f"b{r['batch']} {r['ms']:.3f}" for r in row))
-            del d
-        del w
-    return out
-
-
-def _weight_format(w: torch.Tensor, d: PackedDense) -> str:
-    """The packed weight's oneDNN layout, read from a verbose trace of one call."""
-    ks = onednn_kernels(w, d, batches=(1,))
-    for line in ks.get("packed_b1", []):
-        m = re.search(r"wei:[^:]*::blocked:([^:]+)", line)
-        if m:
-            return m.group(1)
-    return "?"
-
-
-def dense_section(quick: bool) -> dict[str, object]:
-    clock, clock_src = cpu_clock_ghz()
-    cores = torch.get_num_threads()
-    peak = cores * 1024 * clock * 1e9 if clock else None
-    batches = (1, 64, 256) if quick else DENSE_BATCHES
-    shapes = {k: DENSE_SHAPES[k] for k in (("qkv", "o") if quick else DENSE_SHAPES)}
-    print(f"\nCPU dense stages, Llama-3.1-8B, bf16, {cores} threads; AMX peak "
-          + (f"{peak / 1e12:.1f} TFLOP/s ({cores} cores x 1024 FLOP/cycle x {clock:.2f} GHz, "
-             f"clock from {clock_src})" if peak else "unknown (no clock)"))
-    print(f"{'stage':>8} {'batch':>5} {'packed ms':>10} {'TFLOP/s':>8} {'% AMX':>6} "
-          f"{'matmul ms':>10} {'TFLOP/s':>8} {'speedup':>8}")
-    rows = []
-    kernels = {}
-    g = torch.Generator().manual_seed(0)
-    for name, (n_out, n_in) in shapes.items():
-        w = (torch.rand(n_out, n_in, generator=g) - 0.5).div_(n_in ** 0.5).to(torch.bfloat16)
-        d = PackedDense(w)
-        if name == "qkv":
-            kernels = onednn_kernels(w, d)
-        for b in batches:
-            x = torch.randn(b, n_in, generator=g).to(torch.bfloat16)
-            flops = 2 * b * n_in * n_out
-            t_p = _timeit(lambda x=x, d=d: d(x), 0.2)
-            t_m = _timeit(lambda x=x, w=w: torch.matmul(x, w.t()), 0.2)
-            t_c = None
-            if b > 64:  # the same packed weight, run in 64-row chunks (PackedDense.max_rows)
-                d.max_rows = 64
-                t_c = _timeit(lambda x=x, d=d: d(x), 0.2)
-                d.max_rows = None
-            row = {"stage": name, "batch": b, "out": n_out, "in": n_in,
-                   "packed_ms": t_p * 1e3, "packed_tflops": flops / t_p / 1e12,
-                   "matmul_ms": t_m * 1e3, "matmul_tflops": flops / t_m / 1e12,
-                   "speedup": t_m / t_p, "packed": d.is_packed,
-                   "packed_weight_gbs": n_out * n_in * 2 / t_p / 1e9,
-                   "chunked64_ms": t_c * 1e3 if t_c else None}
-            row["pct_amx_peak"] = 100 * flops / t_p / peak if peak else None
-            rows.append(row)
-            pct = f"{row['pct_amx_peak']:>5.1f}%" if peak else "   n/a"
-            chunk = f"  64-row chunks {t_c * 1e3:.3f} ms ({t_m / t_c:.2f}x)" if t_c else ""
-            print(f"{name:>8} {b:>5} {t_p * 1e3:>10.3f} {row['packed_tflops']:>8.2f} {pct} "
-                  f"{t_m * 1e3:>10.3f} {row['matmul_tflops']:>8.2f} {row['speedup']:>7.2f}x"
-                  + chunk)
-        del w, d
-    print("\noneDNN primitives run for QKV (kind, implementation, layouts, shape):")
-    for k, v in kernels.items():
-        print(f"  {k}: {v}")
-    hints = packing_hints(quick)
-    return {"rows": rows, "packing_hints": hints, "amx_peak_tflops": peak / 1e12 if peak else None,
-            "cores": cores, "clock_ghz": clock, "clock_source": clock_src,
-            "onednn_kernels": kernels}
-
-
 # ------------------------------------------------------------------ summary and entry points
 def _summary(res: dict) -> dict[str, object]:
     s: dict[str, object] = {}
@@ -412,14 +272,6 @@ def _summary(res: dict) -> dict[str, object]:
         s["attention_pct_read_bw_min"] = min(pct)
         s["attention_pct_read_bw_max"] = max(pct)
         s["attention_target_75pct_met"] = min(pct) >= 75
-    drows = res.get("dense", {}).get("rows", [])
-    if drows:
-        big = [r["speedup"] for r in drows if r["batch"] >= 64]
-        s["dense_speedup_min_batch_ge_64"] = min(big) if big else None
-        s["dense_speedup_min_all"] = min(r["speedup"] for r in drows)
-        s["dense_target_2x_met"] = bool(big) and min(big) >= 2
-        s["dense_never_slower"] = min(r["speedup"] for r in drows) >= 1
-        s["dense_best_pct_amx_peak"] = max((r["pct_amx_peak"] or 0) for r in drows)
     return s
 
 
@@ -436,7 +288,6 @@ def cpu_section(out: dict, quick: bool = False) -> None:
     print("host read bandwidth (GB/s): " + ", ".join(f"{k} {v:.1f}" for k, v in bw.items()))
     out["attention"] = attention_section(bw["best"], quick)
     out["attention"]["profile"] = attention_profile()
-    out["dense"] = dense_section(quick)
     out["summary"] = _summary(out)
     out["seconds"] = time.perf_counter() - t0
     print("\nsummary:", json.dumps(out["summary"]))
@@ -444,7 +295,7 @@ def cpu_section(out: dict, quick: bool = False) -> None:
 
 def to_markdown(res: dict) -> str:
     box = res["box"]
-    lines = ["# CPU kernels: paged decode attention and packed dense stages", "",
+    lines = ["# CPU kernels: paged decode attention", "",
              "Made by `python -m dualpace_hw.cpu_bench` (dualpace_hw/cpu_bench.py).", "",
              "## Box", ""]
     lines += [f"- {k}: {v}" for k, v in box.items()]
@@ -482,35 +333,7 @@ def to_markdown(res: dict) -> str:
               "", "| bf16 P.V | part | ns |", "|---|---|---|"]
     for r in att.get("profile", []):
         lines.append(f"| {r['pv_bf16']} | {r['part']} | {r['ns_per_token_head']:.1f} |")
-    d = res["dense"]
-    peak = d["amx_peak_tflops"]
-    lines += ["", "## Dense stages (Llama-3.1-8B, bf16): PackedDense vs torch.matmul", "",
-              f"AMX peak {peak:.1f} TFLOP/s = {d['cores']} cores x 1024 BF16 FLOP/cycle x "
-              f"{d['clock_ghz']:.2f} GHz (clock: {d['clock_source']})." if peak else
-              "AMX peak unknown (no clock).", "",
-              "| stage | batch | packed ms | TFLOP/s | % AMX peak | matmul ms | TFLOP/s "
-              "| speedup |",
-              "|---|---|---|---|---|---|---|---|"]
-    chunked = any(r.get("chunked64_ms") for r in d["rows"])
-    if chunked:
-        lines[-2] += " packed in 64-row chunks ms |"
-        lines[-1] += "---|"
-    for r in d["rows"]:
-        pct = f"{r['pct_amx_peak']:.1f}%" if r["pct_amx_peak"] is not None else "n/a"
-        lines.append(f"| {r['stage']} | {r['batch']} | {r['packed_ms']:.3f} | "
-                     f"{r['packed_tflops']:.2f} | {pct} | {r['matmul_ms']:.3f} | "
-                     f"{r['matmul_tflops']:.2f} | {r['speedup']:.2f}x |")
-        if chunked:
-            c = r.get("chunked64_ms")
-            lines[-1] += f" {c:.3f} |" if c else " |"
-    lines += ["", "PackedDense with oneDNN's layout tuned for a batch size (batch_hint), ms:", "",
-              "| stage | hint | layout | batch | ms |", "|---|---|---|---|---|"]
-    for r in d.get("packing_hints", []):
-        lines.append(f"| {r['stage']} | {r['hint']} | {r['format']} | {r['batch']} | "
-                     f"{r['ms']:.3f} |")
-    lines += ["", "oneDNN primitives for QKV (ONEDNN_VERBOSE):", "", "```"]
-    lines += [f"{k}: {v}" for k, v in d["onednn_kernels"].items()]
-    lines += ["```", "", "## Summary", "", "```", json.dumps(res["summary"], indent=1), "```"]
+    lines += ["", "## Summary", "", "```", json.dumps(res["summary"], indent=1), "```"]
     return "\n".join(lines) + "\n"
 
 
