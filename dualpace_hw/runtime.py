@@ -37,6 +37,7 @@ from dualpace_sim.core import (
 from dualpace_sim.core.journal import Journal, describe_cpu, describe_gpu
 from dualpace_sim.core.routing import Route
 from dualpace_sim.core.vllm import VllmConfig, VllmScheduler
+from dualpace_sim.costs.calibrate import AssistCall
 from dualpace_sim.costs.shapes import ModelShape
 from dualpace_sim.trace_events import (
     CPU_ENGINE,
@@ -135,6 +136,7 @@ class AssistServer:
         self.gpu_s = 0.0  # the assists' own GPU time (CUDA events), summed: the service less
         # the GPU stage each one queued behind and the host's part
         self.expecting = False  # the CPU engine is in a step that needs Dense Assist
+        self.records: list[AssistCall] = []  # one per call, for Appendix B's calibration
 
     def serve(self, ex: GpuExecutor) -> bool:
         """Run a ready request, if any; True when one was served."""
@@ -150,14 +152,20 @@ class AssistServer:
         else:
             out = b.hidden[:rows] if kind == "p" else b.tokens[:rows]
             getattr(ex, self._METHODS[kind])(layer, b.attn[:rows], b.residual[:rows], out=out)
+        cuda_s = 0.0
         if began is not None:
             ended = _timing_event(ex)
             ended.synchronize()  # the assist synchronized already: this returns at once
-            self.gpu_s += began.elapsed_time(ended) / 1e3
+            cuda_s = began.elapsed_time(ended) / 1e3
         b.done()
+        service = time.perf_counter() - start
         self.calls += 1
         self.wait_s += waited
-        self.service_s += time.perf_counter() - start
+        self.service_s += service
+        self.gpu_s += cuda_s
+        # W: CPU-Ready -> GPU-Done; L + F: the service the CUDA interval does not cover
+        self.records.append(AssistCall(kind, rows, waited + service, cuda_s,
+                                       max(service - cuda_s, 0.0)))
         self.engines.slice(DENSE_ASSIST, _ASSIST_NAMES[kind], t0, self.engines.now(), rows=rows,
                            layer=layer, queued_us=round(waited * 1e6, 1))
         return True

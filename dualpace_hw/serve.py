@@ -15,6 +15,7 @@ import pandas as pd
 import torch
 
 from dualpace_sim.core.journal import JOURNAL_FILE
+from dualpace_sim.costs.calibrate import ASSISTS_FILE, write_assist_calls
 from dualpace_sim.costs.shapes import ModelShape
 from dualpace_sim.metrics import summarize
 from dualpace_sim.plots import plot_timeline
@@ -140,6 +141,8 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
         except (KeyboardInterrupt, EngineFailure) as e:
             stopped = e  # what ran is written below, then the stop goes on to the caller
         runtime.journal.write(out / JOURNAL_FILE.format(policy=policy))
+        if policy == "dualpace":  # each Dense Assist, for the Appendix B calibration
+            write_assist_calls(runtime.channel.records, out / ASSISTS_FILE.format(policy=policy))
         frame = records_frame(runtime.requests, policy)
         frames[policy] = frame
         summaries.append({

@@ -244,6 +244,56 @@ def fit(
 
 
 @profile_app.command()
+def calibrate(
+    profile: Annotated[Path, typer.Argument(help="the box's calibration profile")],
+    run: Annotated[list[Path], typer.Option(
+        "--run", help="a `dualpace-hw run --out` directory of DualPace on this box (repeat "
+                      "for several); its assists-dualpace.csv holds every Dense Assist")],
+    out: Annotated[Path | None, typer.Option(
+        help="write the calibrated profile here (default: print only)")] = None,
+    write: Annotated[bool, typer.Option(
+        "--write", help="store the calibrated q and o (and the refitted controls) into "
+                        "PROFILE")] = False,
+) -> None:
+    """Dense Assist's q_x and o_x from serving runs (paper Appendix B end-to-end calibration):
+    per path and batch-row group, Q = mean [W - G]+ and O = mean (L + F); q, o the groups'
+    equal-weight means. Prints the groups, q and o before and after, and the (P, F) Algorithm 1
+    then fits; writes the profile, controls refitted, with --out or --write."""
+    from dualpace_sim.costs import calibrate as appendix_b
+    from dualpace_sim.costs.fit import FitError, fit_controls, profile_batch_sizes, with_controls
+
+    p = _load(profile)
+    try:
+        calls = [c for d in run for c in appendix_b.run_assist_calls(d)]
+        cal = appendix_b.calibrate(calls, profile_batch_sizes(p))
+        calibrated = appendix_b.with_calibration(p, cal, [str(d) for d in run])
+        before, after = fit_controls(p), fit_controls(calibrated)
+    except (appendix_b.CalibrationError, FitError, ValueError) as e:
+        _fail(str(e))
+    typer.echo(f"{len(calls)} Dense Assist calls from {len(run)} run(s)")
+    typer.echo(f"{'path':<5}{'rows':>6}{'calls':>8}{'Q us':>10}{'O us':>10}")
+    for g in cal.groups:
+        typer.echo(f"{g.path:<5}{g.rows:>6}{g.calls:>8}{g.q_s * 1e6:>10.1f}{g.o_s * 1e6:>10.1f}")
+    for x in ("p", "lA", "lS"):
+        q0, o0 = getattr(p.assist.q, x) * 1e6, getattr(p.assist.o, x) * 1e6
+        if x in cal.q:
+            typer.echo(f"{x}: q {q0:.1f} -> {cal.q[x] * 1e6:.1f} us, o {o0:.1f} -> "
+                       f"{cal.o[x] * 1e6:.1f} us")
+        else:
+            typer.echo(f"{x}: no calls in the runs; q {q0:.1f} us and o {o0:.1f} us kept (the "
+                       "handshake's)")
+    typer.echo(f"routes: (P, F) = ({before.route_p}, {before.route_f}) with the profile's q, o; "
+               f"({after.route_p}, {after.route_f}) calibrated")
+    target = profile if write else out
+    if target is not None:
+        try:
+            with_controls(calibrated, after).save(target)
+        except OSError as e:
+            _fail(f"{target}: cannot write: {e.strerror or e}")
+        typer.echo(f"wrote {target}")
+
+
+@profile_app.command()
 def compare(
     first: Annotated[Path, typer.Argument(help="a profile, e.g. the measured one")],
     second: Annotated[Path, typer.Argument(help="another profile of the same model")],

@@ -213,6 +213,29 @@ class PerAssistPath(StrictModel):
     lS: NonNegativeFloat = Field(description="the Split-Final post-layer call")
 
 
+class AssistGroup(StrictModel):
+    """One (path, batch-row group) of an end-to-end calibration (paper Appendix B)."""
+
+    path: Literal["p", "lA", "lS"] = Field(description="the assist path x")
+    rows: PositiveInt = Field(description="the batch-row group u: the profiled batch size the "
+                                          "calls' row counts round up to")
+    calls: PositiveInt = Field(description="calls in the group")
+    q_s: NonNegativeFloat = Field(description="Q_x,u = mean over the calls of [W - G]+, s")
+    o_s: NonNegativeFloat = Field(description="O_x,u = mean over the calls of L + F, s")
+
+
+class AssistCalibration(StrictModel):
+    """Where q_x and o_x came from when they came from serving runs (paper Appendix B): q_x and
+    o_x are the means of the groups' Q_x,u and O_x,u, each group weighted equally."""
+
+    runs: list[str] = Field(description="the run directories whose assist records were used")
+    date: str = Field(description="when the calibration was computed (ISO date)")
+    groups: list[AssistGroup] = Field(description="every (path, batch-row group) and its means")
+    kept: list[Literal["p", "lA", "lS"]] = Field(
+        default_factory=list,
+        description="paths no run exercised: their q and o are the handshake microbenchmark's")
+
+
 class AssistCosts(StrictModel):
     """Dense Assist (paper Appendix B): the CPU waits q_x + g_x(b) for one assisted stage, and
     the GPU-main work it displaces is o_x + g_x(b)."""
@@ -225,6 +248,9 @@ class AssistCosts(StrictModel):
     o: PerAssistPath = Field(description="GPU-worker launch and finalization per call, s")
     poll_s: NonNegativeFloat = Field(
         description="GPU worker's check for a ready assist at each stage boundary")
+    calibration: AssistCalibration | None = Field(
+        None, description="set when q and o come from end-to-end calibration runs (Appendix B) "
+                          "rather than the handshake microbenchmark")
 
 
 class LinkCosts(StrictModel):

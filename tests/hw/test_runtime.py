@@ -28,6 +28,7 @@ from dualpace_hw.shm import SharedArena
 from dualpace_sim.core import Owner
 from dualpace_sim.core.journal import JOURNAL_FILE, Journal
 from dualpace_sim.costs import load_profile
+from dualpace_sim.costs.calibrate import run_assist_calls
 from dualpace_sim.records import read_records
 from dualpace_sim.replay import replay, replay_run
 from dualpace_sim.scenario import load_scenario
@@ -186,6 +187,13 @@ def test_run_command_writes_what_the_simulator_writes(tmp_path):
     check_real_trace(out / "trace.json", summary)
     # the calibration profile it ran with, for `dualpace-sim validate` to compare it with
     assert load_profile(out / RUN_PROFILE) == load_scenario(path).profile
+    # every Dense Assist, for the Appendix B calibration (routes (0, 0): Fused-Assist only)
+    calls = run_assist_calls(out)
+    dualpace = next(s for s in summary if s["policy"] == "dualpace")
+    assert len(calls) == dualpace["engine"]["assist_calls"] > 0
+    assert {c.path for c in calls} == {"p", "lA"}
+    assert all(c.rows >= 1 and c.wait_s >= c.host_s >= 0 and c.cuda_s == 0 for c in calls)
+    assert not (out / "assists-vllm.csv").exists()
 
 
 def test_run_takes_the_policies_asked_for_in_the_order_given(tmp_path):
