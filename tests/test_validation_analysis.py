@@ -61,3 +61,15 @@ def test_cpu_step_figures_are_the_documented_ones(azure_dir):
     out = run("cpu_steps.py", "8", "12", env={"DUALPACE_AZURE_DIR": str(azure_dir)})
     assert re.search(r"8  Fused-Assist +1-3 +4 +1\.24", out)
     assert re.search(r"12  Fused-Assist +4-15 +17 +1\.58", out)
+
+
+def test_assist_costs_are_the_documented_ones(azure_dir, tmp_path):
+    out = run("assist_costs.py", "--scenario", "scenarios/h200/cpu-busy/llama-3.1-8b-r3.yaml",
+              "--real", "docs/validation/cpu-busy/r3/real", "--write-profile",
+              str(tmp_path / "served.yaml"), env={"DUALPACE_AZURE_DIR": str(azure_dir)})
+    assert "17536 assists over 548 CPU steps (median batch 21)" in out
+    assert ("served, per assist: stage-boundary wait 0.234 ms, service 0.738 ms, CUDA 0.532 ms,"
+            " host part 0.205 ms") in out
+    assert "(served CUDA / g = 1.60)" in out
+    assert "q = o + wait = 0.440 ms, o = 0.205 ms, g x 1.60" in out
+    assert (tmp_path / "served.yaml").exists()
