@@ -5,7 +5,7 @@ attention (done by an executor over its paged KV pool), post-attention (o_proj, 
 RMSNorm, SwiGLU MLP, residual); post-layer (final RMSNorm, LM head, greedy sampling). Any stage
 runs on whichever device holds the weights, so the GPU executor, the CPU executor and Dense
 Assist share this one file. Projections are `Dense` objects so an executor can swap in a faster
-implementation (prepacked oneDNN weights on the CPU) without touching the model code.
+implementation (weights packed for AMX on the CPU) without touching the model code.
 """
 
 from __future__ import annotations
