@@ -1,8 +1,8 @@
 """The CPU executor: one decode step of a CPU-owned batch over the host KV pool.
 
 `CpuExecutor.execute(plan)` runs the pre-layer, every layer's pre-attention and attention on the
-CPU (the packed AMX dense kernel of packed.py, the C++ paged attention over the host pool's HND pages), and the
-post-attention stages and post-layer where `plan.route` says (paper Eq. 5):
+CPU (the packed AMX dense kernel of packed.py, the C++ paged attention over the host pool's
+HND pages), and the post-attention stages and post-layer where `plan.route` says (paper Eq. 5):
 
 * Full-CPU: everything on the CPU.
 * Split-Final: all layers on the CPU, the post-layer through `assist.assist_post_layer(hidden)`.
