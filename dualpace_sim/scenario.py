@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .core import SchedulerConfig, check_thresholds
@@ -22,6 +21,7 @@ from .core.vllm import VllmConfig
 from .costs import CostModel, ModelShape, Profile, load_profile, load_spec, synthesize
 from .costs.fit import fit_controls
 from .costs.profile import check_magnitudes
+from .inputs import InputFileError, load_yaml, read_text
 from .workload import RequestSpec, WorkloadConfig, build_requests, with_rate
 
 POLICIES = ("dualpace", "vllm", "neo")
@@ -37,7 +37,7 @@ class RooflineSource(BaseModel):
     """A profile synthesized from published specs instead of read from a file (the roofline
     synthesizer, `dualpace_sim/costs/roofline.py`); never a measurement."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: `true` is no count
     hardware: str = Field(description="packaged spec name or path to a hardware spec YAML")
     model: str = Field(description="built-in model name or path to a HF config.json")
     host_kv_gib: float | None = Field(None, gt=0, description=(
@@ -50,7 +50,7 @@ class RooflineSource(BaseModel):
 class SchedulerOverrides(BaseModel):
     """Anything left out comes from the profile (capacities, fitted controls) or the defaults."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: `true` is no count
     gpu_kv_blocks: int | None = Field(None, ge=1, description=(
         "HBM KV capacity in blocks; default: the profile's gpu.kv_capacity_blocks"))
     host_kv_blocks: int | None = Field(None, ge=1, description=(
@@ -79,7 +79,7 @@ class VllmSection(BaseModel):
     """vLLM v1's two batch limits; required, because vLLM's defaults differ by version and GPU
     (BASELINES.md §B0), and a comparison must say which it used."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: `true` is no count
     max_num_batched_tokens: int = Field(ge=1, description=(
         "tokens per step, shared by decodes and prefill chunks"))
     max_num_seqs: int = Field(ge=1, description="running requests at most")
@@ -88,7 +88,7 @@ class VllmSection(BaseModel):
 class NeoSection(BaseModel):
     """NEO's limits; defaults are NEO's own (swiftllm/engine_config.py)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: `true` is no count
     max_batch_size: int = Field(512, ge=1, description="requests in one iteration")
     max_tokens_in_batch: int = Field(3072, ge=1, description=(
         "tokens in one iteration; NEO prefills whole prompts, so it must exceed the longest"))
@@ -105,7 +105,7 @@ class NeoSection(BaseModel):
 class SweepSpec(BaseModel):
     """Offered rates a `dualpace-sim sweep` runs for every policy."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: `true` is no count
     rates: list[float] = Field(min_length=2, description="offered req/s, strictly increasing")
 
     @model_validator(mode="after")
@@ -120,7 +120,7 @@ class SweepSpec(BaseModel):
 class Targets(BaseModel):
     """Latency targets for the sustainable request rate (paper defaults)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: `true` is no count
     normalized_latency_s: float = Field(1.0, gt=0, description=(
         "mean over requests of end-to-end latency / output tokens, s per token"))
     p99_ttft_s: float = Field(5.0, gt=0, description="99th percentile time to first token, s")
@@ -135,7 +135,7 @@ class Scenario(BaseModel):
     the workload, the policies to compare and any overrides. Give exactly one of `profile` and
     `roofline`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: `true` is no count
     name: str = Field("scenario", description="the study's name, in progress bars and summaries")
     description: str = Field("", description="free text for the reader")
     profile: str | None = Field(None, description=(
@@ -253,11 +253,9 @@ def read_scenario(path: Path, changes: Mapping | None = None) -> Scenario:
     names the changes as well as the file.
     """
     try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such scenario file") from None
-    except yaml.YAMLError as e:
-        raise ScenarioError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+        raw = load_yaml(read_text(path, "scenario file"), str(path))
+    except InputFileError as e:
+        raise ScenarioError(str(e)) from None
     if not isinstance(raw, dict):
         raise ScenarioError(f"{path}: expected a mapping of scenario fields at the top level")
     where = path

@@ -30,10 +30,10 @@ from pydantic import (
 )
 
 from dualpace_sim.costs.shapes import ModelShape
+from dualpace_sim.inputs import InputFileError, load_yaml, read_text
 
 PROFILE_FORMAT = "dualpace-profile/1"
 # libyaml when available: profiles hold thousands of numbers and pure-Python YAML is slow.
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
@@ -44,7 +44,7 @@ class ProfileError(ValueError):
 class StrictModel(BaseModel):
     """Base of every file-backed model: unknown keys and NaN/inf are errors."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 def _strictly_increasing(values: list[float]) -> list[float]:
@@ -364,22 +364,22 @@ def validate_file_data(model: type[_M], data: Any, source: str) -> _M:
 
 
 def read_file_data(path: str | Path) -> Any:
-    """Parse a YAML (or ``.json``) file; syntax errors become a ProfileError naming the file."""
+    """Parse a YAML (or ``.json``) file; a file that is not a readable, bounded UTF-8 text and
+    syntax errors become a ProfileError naming the file (`dualpace_sim.inputs`)."""
     path = Path(path)
-    text = path.read_text()
-    if path.suffix == ".json":
-        # Not through YAML: YAML 1.1 reads JSON's 3e-06 as a string.
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ProfileError(f"{path}: invalid JSON (line {err.lineno}): {err.msg}") from None
     try:
-        return yaml.load(text, Loader=_LOADER)
-    except yaml.YAMLError as err:
-        where = getattr(err, "problem_mark", None)
-        line = f" (line {where.line + 1})" if where is not None else ""
-        problem = getattr(err, "problem", None) or str(err)
-        raise ProfileError(f"{path}: invalid YAML{line}: {problem}") from None
+        text = read_text(path)
+        if path.suffix != ".json":
+            return load_yaml(text, str(path))
+    except InputFileError as err:
+        raise ProfileError(str(err)) from None
+    # Not through YAML: YAML 1.1 reads JSON's 3e-06 as a string.
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ProfileError(f"{path}: invalid JSON (line {err.lineno}): {err.msg}") from None
+    except RecursionError:
+        raise ProfileError(f"{path}: nested too deeply to be a profile or spec") from None
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -28,7 +28,7 @@ class WorkloadConfig(BaseModel):
     ``arrival: trace`` replays the trace's timestamps with every gap multiplied by ``time_scale``.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # `true` is no count
 
     source: Literal["default", "azure", "vidur", "mooncake", "trace"] = Field(
         "default", description=(
