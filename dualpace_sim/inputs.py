@@ -30,9 +30,9 @@ class InputFileError(ValueError):
     """A file that cannot be read as the input it should be; one line naming file and fix."""
 
 
-def check_regular_file(path: Path, what: str = "file", limit: int = MAX_TEXT_BYTES) -> None:
-    """Refuse a missing path, a directory, a device or FIFO, and a file over `limit` bytes,
-    before anything reads it (``/dev/zero`` would otherwise be read forever)."""
+def check_regular_file(path: Path, what: str = "file", limit: int | None = MAX_TEXT_BYTES) -> None:
+    """Refuse a missing path, a directory, a device or FIFO, and a file over `limit` bytes (no
+    limit: None), before anything reads it (``/dev/zero`` would otherwise be read forever)."""
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -44,7 +44,7 @@ def check_regular_file(path: Path, what: str = "file", limit: int = MAX_TEXT_BYT
     if not stat.S_ISREG(st.st_mode):
         raise InputFileError(f"{path}: not a regular file (a device, FIFO or socket); give the "
                              f"{what} itself")
-    if st.st_size > limit:
+    if limit is not None and st.st_size > limit:
         raise InputFileError(f"{path}: {st.st_size:,} bytes, more than the {limit:,} a {what} "
                              "may have; is it the right file?")
 

@@ -355,8 +355,18 @@ def load_scenario(
             check_magnitudes(profile, source)
         except ValueError as e:
             raise ScenarioError(f"{path}: the profile given in its place: {e}") from None
-    controls = _controls(spec, profile, source)
+    try:
+        controls = _controls(spec, profile, source)
+    except ValueError as e:  # FitError: a profile that validates but cannot be fitted
+        raise ScenarioError(f"{path}: profile: {source}: cannot fit the controls it lacks: {e}; "
+                            "give them under scheduler") from None
     s = spec.scheduler
+    for tier, field_name, given in (("gpu", "gpu_kv_blocks", s.gpu_kv_blocks),
+                                    ("cpu", "host_kv_blocks", s.host_kv_blocks)):
+        if given is None and getattr(profile, tier).kv_capacity_blocks < 1:
+            raise ScenarioError(
+                f"{path}: profile: {source}: {tier}.kv_capacity_blocks is 0, so this box has no "
+                f"KV pool there; set scheduler.{field_name} or re-profile with a KV budget")
     try:
         check_thresholds(controls["route_p"].value, controls["route_f"].value)
         config = SchedulerConfig(

@@ -416,7 +416,9 @@ def _get(profile: Profile, dotted: str) -> Any:
 
 
 def magnitude_problems(profile: Profile) -> list[str]:
-    """``field: message`` for every value whose magnitude says it is not in seconds (bytes/s)."""
+    """``field: message`` for every value whose magnitude says it is not in seconds (bytes/s),
+    and for every table that is all zero or costs less at its largest shape than at its smallest
+    (reversed values): such a profile would simulate, with latencies that mean nothing."""
     problems = []
 
     def check_table(name: str, limit: float, first_limit: float, what: str) -> None:
@@ -424,17 +426,26 @@ def magnitude_problems(profile: Profile) -> list[str]:
         if isinstance(table, Table1D):
             field, values = f"{name}.y", list(zip(table.x, table.y, strict=True))
             first, first_at = table.y[0], f"x={table.x[0]:g}"
+            last, last_at = table.y[-1], f"x={table.x[-1]:g}"
             where = {v: f"x={x:g}" for x, v in values}
             peak = max(table.y)
         else:
             field = f"{name}.z"
             first, first_at = table.z[0][0], f"(x={table.x[0]:g}, y={table.y[0]:g})"
+            last, last_at = table.z[-1][-1], f"(x={table.x[-1]:g}, y={table.y[-1]:g})"
             peak, where = -1.0, {}
             for i, row in enumerate(table.z):
                 for j, v in enumerate(row):
                     if v > peak:
                         peak, where = v, {v: f"(x={table.x[i]:g}, y={table.y[j]:g})"}
-        if peak > limit:
+        if peak == 0:
+            problems.append(f"{field}: every value is 0; a measured cost is > 0 (re-profile, or "
+                            "take the table from a roofline profile)")
+        elif last < first:
+            problems.append(
+                f"{field}: falls from {first:g} at the smallest shape {first_at} to {last:g} at "
+                f"the largest {last_at}; a cost grows with its shape (are the values reversed?)")
+        elif peak > limit:
             problems.append(
                 f"{field}: {peak:g} at {where[peak]} is implausible for {what} (over {limit:g} s); "
                 "expected seconds (is it in milliseconds?)")
