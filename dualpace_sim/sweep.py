@@ -41,8 +41,9 @@ from tqdm import tqdm
 
 from .executors import InProcess, ProcessPool, RayCluster
 from .metrics import longest_cpu_stall, sustainable_rate
+from .outputs import write_json, write_text_atomically
 from .records import write_records
-from .runner import _json_safe, simulate
+from .runner import simulate
 from .scenario import LoadedScenario, Scenario, load_scenario, read_scenario
 
 # The metrics that have a target, in the order tables show them.
@@ -140,17 +141,9 @@ def scenario_hash(path: Path | str) -> str:
 # ----------------------------------------------------------------------------- one point
 
 
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(_json_safe(obj), indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def _write_error(pdir: Path, text: str) -> None:
     pdir.mkdir(parents=True, exist_ok=True)
-    tmp = pdir / ".error.txt.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, pdir / "error.txt")
+    write_text_atomically(pdir / "error.txt", text)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -195,10 +188,8 @@ def write_point(pdir: Path, result: PointResult) -> None:
         _write_error(pdir, result.traceback)
         return
     pdir.mkdir(parents=True, exist_ok=True)
-    tmp = pdir / ".requests.parquet.tmp"
-    write_records(result.frame, tmp)
-    os.replace(tmp, pdir / "requests.parquet")
-    _write_json(pdir / "summary.json", result.summary)
+    write_records(result.frame, pdir / "requests.parquet")
+    write_json(pdir / "summary.json", result.summary)
     (pdir / "error.txt").unlink(missing_ok=True)
 
 
@@ -342,7 +333,7 @@ def run_sweep(
     _check_resumable(out, scenario, digest, grid)
     out.mkdir(parents=True, exist_ok=True)
     (out / "points").mkdir(exist_ok=True)
-    _write_json(out / "sweep.json", {
+    write_json(out / "sweep.json", {
         "scenario": str(scenario.resolve()), "name": first.spec.name, "scenario_hash": digest,
         "hashed_files": [str(f.resolve()) for f in referenced_files(scenario, first.spec)],
         "policies": policies, "rates": rates, "targets": targets,

@@ -18,6 +18,8 @@ import threading
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 
+from .outputs import write_text_atomically
+
 # The tracks both backends use; a recorder accepts other names too (they sort after these).
 GPU_ENGINE = "GPU engine"  # GPU rounds: migration waits and GPU-main forwards
 DENSE_ASSIST = "Dense Assist"  # assists the GPU worker services for the CPU engine
@@ -123,7 +125,9 @@ def write_trace(path: Path, recorders: Sequence[TraceRecorder]) -> None:
     events = [e for pid, rec in enumerate(recorders, 1) for e in rec.events(pid)]
     text = json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}, separators=(",", ":"))
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)  # json.dumps, not json.dump: dump streams through pure Python
+    # json.dumps, not json.dump: dump streams through pure Python. Renamed into place: a trace
+    # rewritten after each policy keeps the earlier policies' when interrupted.
+    write_text_atomically(path, text)
 
 
 def _ns(seconds: float) -> int:

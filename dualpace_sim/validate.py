@@ -32,10 +32,11 @@ import pyarrow as pa
 
 from .costs.profile import Controls, Profile, load_profile
 from .metrics import summarize
+from .outputs import write_json
 from .plots import plot_latency_cdf_overlay, plot_timeline_overlay
 from .records import read_records, write_records
 from .replay import ReplayReport, replay_run
-from .runner import _json_safe, simulate
+from .runner import simulate
 from .scenario import LoadedScenario, load_scenario
 
 METRICS = (
@@ -338,7 +339,7 @@ def validate(real_dir: Path | str, scenario: Path | str, out_dir: Path | str | N
     sim_dir = out / "sim"
     sim_dir.mkdir(parents=True, exist_ok=True)
     write_records(pd.concat(sim_frames.values(), ignore_index=True), sim_dir / "requests.parquet")
-    (sim_dir / "summary.json").write_text(json.dumps(_json_safe(sim_summaries), indent=2) + "\n")
+    write_json(sim_dir / "summary.json", sim_summaries)
 
     table = compare(real.frames, sim_frames)
     table.to_csv(out / "validation.csv", index=False)
