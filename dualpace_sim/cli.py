@@ -227,16 +227,18 @@ def validate(
         result = run_validation(real, scenario, out, progress=not quiet, costs=costs)
     except (ScenarioError, SimulationStalled, ValidateError) as e:
         _fail(str(e))
-    if quiet:
-        return
-    typer.echo(format_table(result.table))
-    for line in result.notes:
-        typer.echo(line)
-    for report in result.replays:
-        typer.echo(f"replay check: {report.line()}")
-    typer.echo(f"results in {result.out_dir}/ (validation.csv, sim/, timeline_overlay.png, "
-               f"latency_cdf_overlay.png)")
-    if any(not r.ok for r in result.replays):
+    diverged = [r for r in result.replays if not r.ok]
+    if not quiet:
+        typer.echo(format_table(result.table))
+        for line in result.notes:
+            typer.echo(line)
+        for report in result.replays:
+            typer.echo(f"replay check: {report.line()}")
+        typer.echo(f"results in {result.out_dir}/ (validation.csv, sim/, timeline_overlay.png, "
+                   f"latency_cdf_overlay.png)")
+    if diverged:  # --quiet too: a DIVERGED replay is a failed check, printed or not
+        if quiet:
+            typer.echo(f"error: replay check: {diverged[0].line().splitlines()[0]}", err=True)
         raise typer.Exit(1)
 
 

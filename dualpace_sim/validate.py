@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from .core.journal import JournalError
 from .costs.profile import Controls, Profile, load_profile
 from .metrics import summarize
 from .outputs import write_json
@@ -330,6 +331,10 @@ def validate(real_dir: Path | str, scenario: Path | str, out_dir: Path | str | N
     notes += check_against_scenario(real, loaded)
     out = Path(out_dir) if out_dir is not None else real.path / "validation"
 
+    try:  # before anything is written: a bad journal must not leave a half validation
+        replays = replay_run(real.path, loaded)  # the runtime's journals, where it wrote them
+    except JournalError as e:
+        raise ValidateError(str(e)) from None
     sim_frames: dict[str, pd.DataFrame] = {}
     sim_summaries: list[dict] = []
     for policy in real.frames:
@@ -349,7 +354,6 @@ def validate(real_dir: Path | str, scenario: Path | str, out_dir: Path | str | N
                                    title=f"{name}, token progress")
     files += plot_latency_cdf_overlay(real.frames, sim_frames, out / "latency_cdf_overlay",
                                       title=f"{name}, latency CDFs")
-    replays = replay_run(real.path, loaded)  # the runtime's journals, where it wrote them
     if replays:
         (out / "replay.txt").write_text("".join(r.line() + "\n" for r in replays))
         files.append(out / "replay.txt")
