@@ -96,7 +96,7 @@ def sweep(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML file with a sweep section")],
     out: Annotated[str, typer.Option("--out", "-o", help="directory for the sweep")],
     workers: Annotated[int | None, typer.Option(
-        "--workers", "-j", min=1,
+        "--workers", "-j",
         help="worker processes (default: CPU count); with --ray, the most points running at once "
              "(default: as many as the cluster has CPUs for)")] = None,
     restart: Annotated[bool, typer.Option(

@@ -217,6 +217,8 @@ def _format_validation(path: Path | str, err: ValidationError) -> str:
         msg = "unknown key; check the spelling against the scenario reference in README.md"
     elif first["type"] == "literal_error":
         msg = f"{msg} (got {first.get('input')!r})"
+    elif first["type"] == "value_error":  # a check of a whole section: its input is all of it
+        msg = msg.removeprefix("Value error, ")
     elif "input" in first and first["type"] not in ("missing",):
         msg = f"{msg} (got {first['input']!r})"
     return f"{path}: {field}: {msg}"
