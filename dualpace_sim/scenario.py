@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .core import SchedulerConfig, check_thresholds
 from .core.neo import NeoConfig
+from .core.servable import dualpace_refusal, neo_refusal, vllm_refusal
 from .core.vllm import VllmConfig
 from .costs import CostModel, ModelShape, Profile, load_profile, load_spec, synthesize
 from .costs.fit import fit_controls
@@ -398,37 +399,12 @@ def load_scenario(
 
 def _check_fits(path: Path, requests: list[RequestSpec], loaded: LoadedScenario) -> None:
     """Refuse up front a request that some policy of the scenario could never finish, rather
-    than letting that run stall: its finish-peak must fit the host pool (DualPace: one larger
-    than HBM can still finish on the CPU), HBM for vLLM (it has no other tier), and NEO must be
-    able to stage its prompt."""
-    c = loaded.config
-    bs = c.block_size
-    limits = [("host_kv_blocks", c.host_kv_blocks, "finish-peak")]
-    if "vllm" in loaded.spec.policies:
-        limits.append(("gpu_kv_blocks", c.gpu_kv_blocks, "finish-peak (vLLM has no host tier)"))
+    than letting that run stall (`dualpace_sim.core.servable`: DualPace's finish-peak must fit
+    the host pool, vLLM's HBM, and NEO must stage its prompt and swap it back in)."""
+    checks = {"dualpace": dualpace_refusal, "vllm": vllm_refusal, "neo": neo_refusal}
+    policies = [(checks[p], loaded.policy_config(p)) for p in loaded.spec.policies]
     for i, r in enumerate(requests):
-        peak = -(-(r.prompt_tokens + r.max_tokens) // bs)
-        for field_name, cap, what in limits:
-            if peak > cap:
-                raise ScenarioError(
-                    f"{path}: workload: request {i} needs {peak} KV blocks at its {what} but "
-                    f"scheduler.{field_name} is {cap}; set workload.max_prompt_tokens / "
-                    f"max_output_tokens or enlarge scheduler.{field_name}"
-                )
-        if "neo" in loaded.spec.policies:
-            neo = loaded.policy_config("neo")
-            stage = c.gpu_kv_blocks if neo.itm_blocks is None else neo.itm_blocks
-            prompt = -(-r.prompt_tokens // bs)
-            if r.prompt_tokens > neo.max_tokens_in_batch:
-                raise ScenarioError(
-                    f"{path}: workload: request {i}'s prompt has {r.prompt_tokens} tokens but NEO "
-                    f"prefills whole prompts (no chunking) within neo.max_tokens_in_batch = "
-                    f"{neo.max_tokens_in_batch}; raise it or clip workload.max_prompt_tokens"
-                )
-            if prompt > min(stage, c.host_kv_blocks - c.gpu_kv_blocks):
-                raise ScenarioError(
-                    f"{path}: workload: request {i}'s prompt needs {prompt} KV blocks, more "
-                    f"than NEO can stage ({stage}) or place on the host beyond one GPU's worth "
-                    f"({c.host_kv_blocks - c.gpu_kv_blocks}); clip workload.max_prompt_tokens "
-                    f"or enlarge the pools"
-                )
+        for refusal, config in policies:
+            reason = refusal(config, r.prompt_tokens, r.max_tokens)
+            if reason is not None:
+                raise ScenarioError(f"{path}: workload: request {i} {reason}")
