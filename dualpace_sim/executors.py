@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
@@ -61,13 +62,25 @@ def _worker_init(sweep_pid: int) -> None:
 def _exit_with(sweep_pid: int, poll_s: float = 0.5) -> None:
     """End this worker once the sweep's process is gone. A SIGKILLed sweep cannot stop its
     workers, and they are not its children (the forkserver forked them), so no signal tells
-    them: they would compute for minutes and keep the resource tracker alive."""
-    while True:
+    them: they would compute for minutes, and keep the forkserver and the resource tracker
+    alive (each worker holds the sweep's end of the pipe the forkserver waits on)."""
+    while _running(sweep_pid):
         time.sleep(poll_s)
+    os._exit(1)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs; a zombie (dead, not yet reaped by its parent) does not."""
+    if Path("/proc/self/stat").exists():
         try:
-            os.kill(sweep_pid, 0)
-        except (ProcessLookupError, PermissionError):  # gone, or its pid reused by another user
-            os._exit(1)
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+        except FileNotFoundError:
+            return False
+    try:  # no /proc (not Linux): a zombie counts as running until its parent reaps it
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):  # gone, or its pid reused by another user
+        return False
+    return True
 
 
 INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
