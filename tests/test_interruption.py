@@ -122,3 +122,23 @@ def test_interrupted_sweep_leaves_no_process_and_resumes(tmp_path, sig):
                              text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     assert f"{len(finished)} already finished" in resumed.stdout, resumed.stdout
+
+
+def test_ctrl_c_on_hw_profile_prints_how_to_resume(tmp_path, monkeypatch):
+    """typer turns an interrupt into a silent exit 130 before main() sees it: the command
+    itself must say that rerunning resumes the profile."""
+    pytest.importorskip("torch")
+    from typer.testing import CliRunner
+
+    import dualpace_hw.profiler.run as profile_run
+    from dualpace_hw.cli import INTERRUPTED_PROFILE
+    from dualpace_hw.cli import app as hw_app
+
+    def interrupted(opt):
+        raise KeyboardInterrupt  # as Ctrl-C arrives in the middle of measuring
+
+    monkeypatch.setattr(profile_run, "run_profile", interrupted)
+    result = CliRunner().invoke(hw_app, ["profile", "--model", "tiny-llama", "--out",
+                                         str(tmp_path / "p.yaml"), "--gpu-device", "cpu"])
+    assert result.exit_code == 130
+    assert result.stderr.strip() == INTERRUPTED_PROFILE
