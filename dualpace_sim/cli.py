@@ -278,7 +278,7 @@ def interrupt_on_termination() -> None:
     sweep as Ctrl-C does: workers stopped, finished results kept, the message printed."""
 
     def interrupt(signum, frame) -> None:
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupt)
