@@ -405,6 +405,10 @@ _CONSTANTS = (
 PER_LAYER_MAX_S, PER_LAYER_FIRST_MAX_S = 10.0, 0.1
 WHOLE_MODEL_MAX_S, WHOLE_MODEL_FIRST_MAX_S = 100.0, 1.0
 CONSTANT_MAX_S = 1.0
+# A table whose largest shape costs less than a quarter of its smallest has its values reversed:
+# a cost grows with its shape, and measurement noise (a warm-up, a busy box) never makes it fall
+# that far, though it can make a few-point table of a tiny model fall somewhat.
+REVERSED_RATIO = 4.0
 MIN_LINK_BYTES_PER_S = 1e6
 
 
@@ -441,7 +445,7 @@ def magnitude_problems(profile: Profile) -> list[str]:
         if peak == 0:
             problems.append(f"{field}: every value is 0; a measured cost is > 0 (re-profile, or "
                             "take the table from a roofline profile)")
-        elif last < first:
+        elif last * REVERSED_RATIO < first:
             problems.append(
                 f"{field}: falls from {first:g} at the smallest shape {first_at} to {last:g} at "
                 f"the largest {last_at}; a cost grows with its shape (are the values reversed?)")
