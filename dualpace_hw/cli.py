@@ -18,6 +18,9 @@ def _commands() -> None:
     """Commands: profile (measure a box), run (serve a scenario for real)."""
 
 
+INTERRUPTED_PROFILE = "interrupted; rerun the same command to resume the profile"
+
+
 def _fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
@@ -47,8 +50,22 @@ def profile(
     provenance, then fit its controls and plot them. Interrupted runs resume."""
     from dualpace_sim.costs.shapes import ModelShape
 
+    from .arguments import (
+        ArgumentError,
+        check_cpu_cores,
+        check_device,
+        check_kv_gib,
+        check_out_file,
+    )
     from .profiler.run import Options, ProfileRunError, run_profile
 
+    try:
+        check_cpu_cores(cpu_cores)
+        check_device(gpu_device, "--gpu-device")
+        check_out_file(out)
+        check_kv_gib(gpu_kv_gib, host_kv_gib)
+    except ArgumentError as e:
+        _fail(str(e))
     try:
         shape = (ModelShape.from_hf_config(model) if model.endswith(".json") or Path(model).is_dir()
                  else ModelShape.from_name(model))
@@ -62,6 +79,9 @@ def profile(
         result = run_profile(opt)
     except ProfileRunError as e:
         _fail(str(e))
+    except KeyboardInterrupt:  # here, not in main(): typer turns it into a silent exit 130
+        typer.echo(INTERRUPTED_PROFILE, err=True)
+        raise typer.Exit(130) from None
     c = result.controls
     typer.echo(f"wrote {out}")
     for name in ("route_p", "route_f", "gpu_token_limit", "cpu_batch_limit"):
@@ -71,7 +91,7 @@ def profile(
 @app.command()
 def run(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML (its profile names the model)")],
-    out: Annotated[Path, typer.Option(help="directory for results")],
+    out: Annotated[str, typer.Option(help="directory for results")],
     device: Annotated[str, typer.Option(help="'cuda', or 'cpu' for tests")] = "cuda",
     cpu_cores: Annotated[int | None, typer.Option(help="cores for the CPU engine")] = None,
     cpu_tp: Annotated[int, typer.Option(
@@ -92,17 +112,36 @@ def run(
     NEO is simulated only) and write what `dualpace-sim run` writes."""
     from dualpace_sim.scenario import ScenarioError, load_scenario
 
+    from .arguments import (
+        ArgumentError,
+        check_cpu_cores,
+        check_device,
+        check_host_kv,
+        check_out_dir,
+        check_out_file,
+    )
     from .runtime import EngineFailure
     from .serve import run_real
 
+    if not out.strip():
+        _fail("--out: empty; give the directory for the results")
+    out = Path(out)
+    try:
+        check_cpu_cores(cpu_cores)
+        check_device(device, "--device")
+        check_out_dir(out)
+        if trace_events is not None:
+            check_out_file(trace_events, "--trace-events")
+    except ArgumentError as e:
+        _fail(str(e))
     try:
         loaded = load_scenario(scenario)
-        if trace_events is not None and trace_events.is_dir():
-            _fail(f"--trace-events {trace_events}: is a directory; give a file such as "
-                  f"{trace_events / 'trace.json'}")
+        if "dualpace" in (policy or loaded.spec.policies):  # the one with a host pool
+            check_host_kv(loaded.config.host_kv_blocks, loaded.config.block_size,
+                          loaded.profile.model, str(scenario))
         summaries = run_real(loaded, out, device, cpu_cores, trace_events, cpu_tp, gpu_tp,
                              policy)
-    except (ScenarioError, ValueError, EngineFailure) as e:
+    except (ScenarioError, ValueError, EngineFailure) as e:  # ArgumentError is a ValueError
         _fail(str(e))
     except KeyboardInterrupt:
         typer.echo("interrupted: the engines stopped and the CPU engine's process exited; "
@@ -131,11 +170,12 @@ def main() -> None:
     except ImportError:
         sys.stderr.write("dualpace-hw needs the hw extra: pip install -e \".[hw]\"\n")
         sys.exit(2)
-    from dualpace_sim.cli import cost_warnings_as_notes
+    from dualpace_sim.cli import cost_warnings_as_notes, interrupt_on_termination
 
     cost_warnings_as_notes()
+    interrupt_on_termination()
     try:
         app()
     except KeyboardInterrupt:
-        sys.stderr.write("interrupted; rerun the same command to resume the profile\n")
+        sys.stderr.write(INTERRUPTED_PROFILE + "\n")
         sys.exit(130)

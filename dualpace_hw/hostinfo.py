@@ -45,6 +45,17 @@ def memory_gib() -> float:
     return 0.0
 
 
+def available_memory_bytes() -> int:
+    """MemAvailable: what can be allocated without swapping; 0 where /proc says nothing."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 

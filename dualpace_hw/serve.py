@@ -5,7 +5,6 @@ metrics, plots and `dualpace-sim validate` read both."""
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import threading
 from dataclasses import asdict
@@ -18,9 +17,9 @@ from dualpace_sim.core.journal import JOURNAL_FILE
 from dualpace_sim.costs.calibrate import ASSISTS_FILE, write_assist_calls
 from dualpace_sim.costs.shapes import ModelShape
 from dualpace_sim.metrics import summarize
+from dualpace_sim.outputs import write_json
 from dualpace_sim.plots import plot_timeline
 from dualpace_sim.records import records_frame, write_records
-from dualpace_sim.runner import _json_safe
 from dualpace_sim.scenario import LoadedScenario
 from dualpace_sim.trace_events import TraceRecorder, write_trace
 from dualpace_sim.validate import RUN_PROFILE
@@ -152,7 +151,7 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
             **({"stopped_by": stop_reason(stopped)} if stopped is not None else {}),
         })
         write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet")
-        (out / "summary.json").write_text(json.dumps(_json_safe(summaries), indent=2) + "\n")
+        write_json(out / "summary.json", summaries)
         if trace_events is not None:
             write_trace(trace_events, traces)
         if stopped is not None:

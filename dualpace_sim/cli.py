@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -23,10 +24,39 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def _out_dir(out: str, option: str = "--out") -> Path:
+    """A results folder given on the command line: not empty (typer would read '' as the
+    current directory) and not an existing file."""
+    if not out.strip():
+        _fail(f"{option}: empty; give the directory for the results")
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        _fail(f"{option} {out}: is a file; give a directory for the results")
+    return path
+
+
+def _trace_file(path: Path) -> None:
+    """Refuse a --trace-events path that cannot take a trace, before simulating anything."""
+    if path.is_dir():
+        _fail(f"--trace-events {path}: is a directory; give a file such as {path / 'trace.json'}")
+    if path.exists() and not path.is_file():
+        _fail(f"--trace-events {path}: not a regular file; give a file such as trace.json")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        _fail(f"--trace-events {path}: cannot create its folder: {e.strerror} ({e.filename})")
+
+
+def _write_error(e: OSError, out: Path) -> str:
+    """One line for a failed write of results into `out`; Arrow's errors carry no file name."""
+    reason = e.strerror or (str(e).splitlines() or [type(e).__name__])[0]
+    return f"{e.filename or out}: cannot write the results: {reason}"
+
+
 @app.command()
 def run(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="directory for results")],
+    out: Annotated[str, typer.Option("--out", "-o", help="directory for results")],
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar or table")] = False,
     trace_events: Annotated[Path | None, typer.Option(
         "--trace-events", metavar="FILE",
@@ -38,21 +68,18 @@ def run(
     """Simulate every policy of SCENARIO; write requests.parquet, summary.json, timeline plot."""
     from .runner import run_scenario
 
+    out = _out_dir(out)
     if trace_events is not None:  # fail before simulating, not after the first policy
-        if trace_events.is_dir():
-            _fail(f"--trace-events {trace_events}: is a directory; give a file such as "
-                  f"{trace_events / 'trace.json'}")
-        try:
-            trace_events.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            _fail(f"--trace-events {trace_events}: cannot create its folder: {e.strerror} "
-                  f"({e.filename})")
+        _trace_file(trace_events)
     try:
         summaries = run_scenario(scenario, out, progress=not quiet, trace_events=trace_events)
     except (ScenarioError, SimulationStalled) as e:
         _fail(str(e))
-    except OSError as e:
-        _fail(f"{e.filename}: cannot write: {e.strerror}")
+    except OSError as e:  # reading is checked by the scenario's loader: this is writing
+        _fail(_write_error(e, out))
+    except KeyboardInterrupt:  # here, not in main(): typer turns it into a silent exit 130
+        typer.echo(f"interrupted; the policies that finished are in {out}/", err=True)
+        raise typer.Exit(130) from None
     if quiet:
         return
     keys = ("normalized_latency_s", "p99_ttft_s", "p99_itl_s", "p99_tpot_s", "throughput_tok_s")
@@ -67,9 +94,9 @@ def run(
 @app.command()
 def sweep(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML file with a sweep section")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="directory for the sweep")],
+    out: Annotated[str, typer.Option("--out", "-o", help="directory for the sweep")],
     workers: Annotated[int | None, typer.Option(
-        "--workers", "-j", min=1,
+        "--workers", "-j",
         help="worker processes (default: CPU count); with --ray, the most points running at once "
              "(default: as many as the cluster has CPUs for)")] = None,
     restart: Annotated[bool, typer.Option(
@@ -91,11 +118,14 @@ def sweep(
     from .executors import ExecutorUnavailable
     from .sweep import SweepError, SweepInterrupted, format_sustainable, run_sweep
 
+    out = _out_dir(out)
     try:
         result = run_sweep(scenario, out, workers=workers, restart=restart, progress=not quiet,
                            ray=ray)
     except (ScenarioError, SweepError, ExecutorUnavailable) as e:
         _fail(str(e))
+    except OSError as e:
+        _fail(_write_error(e, out))
     except SweepInterrupted as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(130) from None
@@ -112,8 +142,11 @@ def sweep(
         for p in result.failed:
             typer.echo(f"error: point {p.name} failed: {p.error} "
                        f"(traceback in {out / 'points' / p.name / 'error.txt'})", err=True)
+        advice = ("the stalls are deterministic: the same command stalls again; see "
+                  "docs/liveness.md" if all(p.stalled for p in result.failed) else
+                  "rerun the same command to retry the failed ones")
         typer.echo(f"error: {len(result.failed)} of {len(result.points)} points failed; the CSVs "
-                   f"cover the others; rerun the same command to retry the failed ones", err=True)
+                   f"cover the others; {advice}", err=True)
         raise typer.Exit(1)
 
 
@@ -194,16 +227,18 @@ def validate(
         result = run_validation(real, scenario, out, progress=not quiet, costs=costs)
     except (ScenarioError, SimulationStalled, ValidateError) as e:
         _fail(str(e))
-    if quiet:
-        return
-    typer.echo(format_table(result.table))
-    for line in result.notes:
-        typer.echo(line)
-    for report in result.replays:
-        typer.echo(f"replay check: {report.line()}")
-    typer.echo(f"results in {result.out_dir}/ (validation.csv, sim/, timeline_overlay.png, "
-               f"latency_cdf_overlay.png)")
-    if any(not r.ok for r in result.replays):
+    diverged = [r for r in result.replays if not r.ok]
+    if not quiet:
+        typer.echo(format_table(result.table))
+        for line in result.notes:
+            typer.echo(line)
+        for report in result.replays:
+            typer.echo(f"replay check: {report.line()}")
+        typer.echo(f"results in {result.out_dir}/ (validation.csv, sim/, timeline_overlay.png, "
+                   f"latency_cdf_overlay.png)")
+    if diverged:  # --quiet too: a DIVERGED replay is a failed check, printed or not
+        if quiet:
+            typer.echo(f"error: replay check: {diverged[0].line().splitlines()[0]}", err=True)
         raise typer.Exit(1)
 
 
@@ -238,8 +273,20 @@ def cost_warnings_as_notes() -> None:
     warnings.showwarning = show
 
 
+def interrupt_on_termination() -> None:
+    """SIGTERM and SIGHUP (a closed terminal, `kill`, a batch system's time limit) end a run or a
+    sweep as Ctrl-C does: workers stopped, finished results kept, the message printed."""
+
+    def interrupt(signum, frame) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
+
+
 def main() -> None:
     cost_warnings_as_notes()
+    interrupt_on_termination()
     try:
         app()
     except KeyboardInterrupt:

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
@@ -46,12 +49,46 @@ class InProcess:
             yield index, fn(*args)
 
 
-def _worker_init() -> None:
+def _worker_init(sweep_pid: int) -> None:
     # Ctrl-C goes to the whole process group; only the parent handles it (and stops workers).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with, args=(sweep_pid,), daemon=True,
+                     name="exit-with-sweep").start()
     # Workers draw no bars: a thread lock keeps tqdm from creating a named multiprocessing lock,
     # which a worker stopped on Ctrl-C would leave to the resource tracker (a "leaked" warning).
     tqdm.set_lock(threading.RLock())
+
+
+def _exit_with(sweep_pid: int, poll_s: float = 0.5) -> None:
+    """End this worker once the sweep's process is gone. A SIGKILLed sweep cannot stop its
+    workers, and they are not its children (the forkserver forked them), so no signal tells
+    them: they would compute for minutes, and keep the forkserver and the resource tracker
+    alive (each worker holds the sweep's end of the pipe the forkserver waits on)."""
+    while _running(sweep_pid):
+        time.sleep(poll_s)
+    os._exit(1)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs; a zombie (dead, not yet reaped by its parent) does not."""
+    if Path("/proc/self/stat").exists():
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+        except FileNotFoundError:
+            return False
+    try:  # no /proc (not Linux): a zombie counts as running until its parent reaps it
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):  # gone, or its pid reused by another user
+        return False
+    return True
+
+
+INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def _started() -> None:
+    """A worker's first call: busy long enough that each worker of the pool takes one."""
+    time.sleep(0.1)
 
 
 def _mp_context():
@@ -72,8 +109,17 @@ class ProcessPool:
         self._pool: ProcessPoolExecutor | None = None
 
     def __enter__(self) -> ProcessPool:
-        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=_mp_context(),
-                                         initializer=_worker_init)
+        # Every worker is started now, with Ctrl-C, SIGTERM and SIGHUP held back until they
+        # all run: a worker still reading its queues when the sweep exits prints a traceback.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
+        try:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=_mp_context(),
+                                             initializer=_worker_init,
+                                             initargs=(os.getpid(),))
+            for fut in [self._pool.submit(_started) for _ in range(self.workers)]:
+                fut.result()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         return self
 
     def run(self, fn: Callable, calls: Calls) -> Iterator[tuple[int, Any]]:

@@ -17,6 +17,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .outputs import replace_atomically
+
 MIGRATION_KINDS = frozenset({"swap_out", "swap_in", "prefill_to_cpu", "preempt_recompute"})
 OWNER_LETTERS = {0: "G", 1: "C"}  # token_owners byte -> letter: GPU engine, CPU engine
 
@@ -99,13 +101,15 @@ def _migration_kinds(req: FinishedRequest) -> list[str]:
 
 
 def write_records(df: pd.DataFrame, path: str | Path) -> None:
-    """Write a records frame (one or several policies) to Parquet, deterministically."""
+    """Write a records frame (one or several policies) to Parquet, deterministically and
+    atomically (`dualpace_sim.outputs`): a run rewrites its records after each policy, and an
+    interruption then must not destroy the policies already written."""
     missing = [name for name in RECORDS_SCHEMA.names if name not in df.columns]
     if missing:
         raise ValueError(f"records frame lacks column {missing[0]!r}; build it with records_frame")
     table = pa.Table.from_pandas(df[RECORDS_SCHEMA.names], schema=RECORDS_SCHEMA,
                                  preserve_index=False).replace_schema_metadata(None)
-    pq.write_table(table, Path(path))
+    replace_atomically(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def read_records(path: str | Path) -> pd.DataFrame:

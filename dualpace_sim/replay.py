@@ -18,7 +18,14 @@ import pandas as pd
 import simpy
 
 from .core import CpuResult, CpuScheduler, EngineState, GpuResult, GpuScheduler, Request
-from .core.journal import JOURNAL_FILE, Entry, Journal, describe_cpu, describe_gpu
+from .core.journal import (
+    JOURNAL_FILE,
+    Entry,
+    Journal,
+    JournalError,
+    describe_cpu,
+    describe_gpu,
+)
 from .core.vllm import VllmScheduler
 from .records import read_records, records_frame
 from .scenario import LoadedScenario
@@ -119,7 +126,11 @@ def replay(journal: Journal, loaded: LoadedScenario, policy: str,
         for i, e in enumerate(journal.entries):
             if e.t > env.now:
                 yield env.timeout(e.t - env.now)  # the runtime's measured durations
-            got = calls(e)
+            try:
+                got = calls(e)
+            except (KeyError, TypeError, IndexError) as exc:  # an entry lacking what it needs
+                raise JournalError(f"{journal.source}: line {i + 1}: {e.engine}/{e.call} lacks "
+                                   f"or mistypes {exc}") from None
             report.calls += 1
             if got is None:
                 continue

@@ -7,8 +7,6 @@ it finished.
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from .metrics import summarize
+from .outputs import write_json
 from .plots import plot_timeline
 from .records import records_frame, write_records
 from .scenario import LoadedScenario, load_scenario
@@ -67,16 +66,6 @@ def _controls(loaded: LoadedScenario, policy: str) -> dict:
     return out
 
 
-def _json_safe(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_json_safe(v) for v in obj]
-    return obj
-
-
 def run_scenario(
     path: Path, out: Path, progress: bool = True, trace_events: Path | None = None
 ) -> list[dict]:
@@ -93,7 +82,7 @@ def run_scenario(
         frames[policy] = frame
         summaries.append(summary)
         write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet")
-        (out / "summary.json").write_text(json.dumps(_json_safe(summaries), indent=2) + "\n")
+        write_json(out / "summary.json", summaries)
         if trace is not None:
             traces.append(trace)
             write_trace(trace_events, traces)

@@ -13,15 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .core import SchedulerConfig, check_thresholds
 from .core.neo import NeoConfig
+from .core.servable import dualpace_refusal, neo_refusal, vllm_refusal
 from .core.vllm import VllmConfig
 from .costs import CostModel, ModelShape, Profile, load_profile, load_spec, synthesize
 from .costs.fit import fit_controls
 from .costs.profile import check_magnitudes
+from .inputs import InputFileError, load_yaml, read_text
 from .workload import RequestSpec, WorkloadConfig, build_requests, with_rate
 
 POLICIES = ("dualpace", "vllm", "neo")
@@ -37,7 +38,7 @@ class RooflineSource(BaseModel):
     """A profile synthesized from published specs instead of read from a file (the roofline
     synthesizer, `dualpace_sim/costs/roofline.py`); never a measurement."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: `true` is no count
     hardware: str = Field(description="packaged spec name or path to a hardware spec YAML")
     model: str = Field(description="built-in model name or path to a HF config.json")
     host_kv_gib: float | None = Field(None, gt=0, description=(
@@ -50,7 +51,7 @@ class RooflineSource(BaseModel):
 class SchedulerOverrides(BaseModel):
     """Anything left out comes from the profile (capacities, fitted controls) or the defaults."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: `true` is no count
     gpu_kv_blocks: int | None = Field(None, ge=1, description=(
         "HBM KV capacity in blocks; default: the profile's gpu.kv_capacity_blocks"))
     host_kv_blocks: int | None = Field(None, ge=1, description=(
@@ -79,7 +80,7 @@ class VllmSection(BaseModel):
     """vLLM v1's two batch limits; required, because vLLM's defaults differ by version and GPU
     (BASELINES.md §B0), and a comparison must say which it used."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: `true` is no count
     max_num_batched_tokens: int = Field(ge=1, description=(
         "tokens per step, shared by decodes and prefill chunks"))
     max_num_seqs: int = Field(ge=1, description="running requests at most")
@@ -88,7 +89,7 @@ class VllmSection(BaseModel):
 class NeoSection(BaseModel):
     """NEO's limits; defaults are NEO's own (swiftllm/engine_config.py)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: `true` is no count
     max_batch_size: int = Field(512, ge=1, description="requests in one iteration")
     max_tokens_in_batch: int = Field(3072, ge=1, description=(
         "tokens in one iteration; NEO prefills whole prompts, so it must exceed the longest"))
@@ -105,7 +106,7 @@ class NeoSection(BaseModel):
 class SweepSpec(BaseModel):
     """Offered rates a `dualpace-sim sweep` runs for every policy."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: `true` is no count
     rates: list[float] = Field(min_length=2, description="offered req/s, strictly increasing")
 
     @model_validator(mode="after")
@@ -120,7 +121,7 @@ class SweepSpec(BaseModel):
 class Targets(BaseModel):
     """Latency targets for the sustainable request rate (paper defaults)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: `true` is no count
     normalized_latency_s: float = Field(1.0, gt=0, description=(
         "mean over requests of end-to-end latency / output tokens, s per token"))
     p99_ttft_s: float = Field(5.0, gt=0, description="99th percentile time to first token, s")
@@ -135,7 +136,7 @@ class Scenario(BaseModel):
     the workload, the policies to compare and any overrides. Give exactly one of `profile` and
     `roofline`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: `true` is no count
     name: str = Field("scenario", description="the study's name, in progress bars and summaries")
     description: str = Field("", description="free text for the reader")
     profile: str | None = Field(None, description=(
@@ -217,6 +218,8 @@ def _format_validation(path: Path | str, err: ValidationError) -> str:
         msg = "unknown key; check the spelling against the scenario reference in README.md"
     elif first["type"] == "literal_error":
         msg = f"{msg} (got {first.get('input')!r})"
+    elif first["type"] == "value_error":  # a check of a whole section: its input is all of it
+        msg = msg.removeprefix("Value error, ")
     elif "input" in first and first["type"] not in ("missing",):
         msg = f"{msg} (got {first['input']!r})"
     return f"{path}: {field}: {msg}"
@@ -253,11 +256,9 @@ def read_scenario(path: Path, changes: Mapping | None = None) -> Scenario:
     names the changes as well as the file.
     """
     try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such scenario file") from None
-    except yaml.YAMLError as e:
-        raise ScenarioError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+        raw = load_yaml(read_text(path, "scenario file"), str(path))
+    except InputFileError as e:
+        raise ScenarioError(str(e)) from None
     if not isinstance(raw, dict):
         raise ScenarioError(f"{path}: expected a mapping of scenario fields at the top level")
     where = path
@@ -357,8 +358,18 @@ def load_scenario(
             check_magnitudes(profile, source)
         except ValueError as e:
             raise ScenarioError(f"{path}: the profile given in its place: {e}") from None
-    controls = _controls(spec, profile, source)
+    try:
+        controls = _controls(spec, profile, source)
+    except ValueError as e:  # FitError: a profile that validates but cannot be fitted
+        raise ScenarioError(f"{path}: profile: {source}: cannot fit the controls it lacks: {e}; "
+                            "give them under scheduler") from None
     s = spec.scheduler
+    for tier, field_name, given in (("gpu", "gpu_kv_blocks", s.gpu_kv_blocks),
+                                    ("cpu", "host_kv_blocks", s.host_kv_blocks)):
+        if given is None and getattr(profile, tier).kv_capacity_blocks < 1:
+            raise ScenarioError(
+                f"{path}: profile: {source}: {tier}.kv_capacity_blocks is 0, so this box has no "
+                f"KV pool there; set scheduler.{field_name} or re-profile with a KV budget")
     try:
         check_thresholds(controls["route_p"].value, controls["route_f"].value)
         config = SchedulerConfig(
@@ -388,37 +399,12 @@ def load_scenario(
 
 def _check_fits(path: Path, requests: list[RequestSpec], loaded: LoadedScenario) -> None:
     """Refuse up front a request that some policy of the scenario could never finish, rather
-    than letting that run stall: its finish-peak must fit the host pool (DualPace: one larger
-    than HBM can still finish on the CPU), HBM for vLLM (it has no other tier), and NEO must be
-    able to stage its prompt."""
-    c = loaded.config
-    bs = c.block_size
-    limits = [("host_kv_blocks", c.host_kv_blocks, "finish-peak")]
-    if "vllm" in loaded.spec.policies:
-        limits.append(("gpu_kv_blocks", c.gpu_kv_blocks, "finish-peak (vLLM has no host tier)"))
+    than letting that run stall (`dualpace_sim.core.servable`: DualPace's finish-peak must fit
+    the host pool, vLLM's HBM, and NEO must stage its prompt and swap it back in)."""
+    checks = {"dualpace": dualpace_refusal, "vllm": vllm_refusal, "neo": neo_refusal}
+    policies = [(checks[p], loaded.policy_config(p)) for p in loaded.spec.policies]
     for i, r in enumerate(requests):
-        peak = -(-(r.prompt_tokens + r.max_tokens) // bs)
-        for field_name, cap, what in limits:
-            if peak > cap:
-                raise ScenarioError(
-                    f"{path}: workload: request {i} needs {peak} KV blocks at its {what} but "
-                    f"scheduler.{field_name} is {cap}; set workload.max_prompt_tokens / "
-                    f"max_output_tokens or enlarge scheduler.{field_name}"
-                )
-        if "neo" in loaded.spec.policies:
-            neo = loaded.policy_config("neo")
-            stage = c.gpu_kv_blocks if neo.itm_blocks is None else neo.itm_blocks
-            prompt = -(-r.prompt_tokens // bs)
-            if r.prompt_tokens > neo.max_tokens_in_batch:
-                raise ScenarioError(
-                    f"{path}: workload: request {i}'s prompt has {r.prompt_tokens} tokens but NEO "
-                    f"prefills whole prompts (no chunking) within neo.max_tokens_in_batch = "
-                    f"{neo.max_tokens_in_batch}; raise it or clip workload.max_prompt_tokens"
-                )
-            if prompt > min(stage, c.host_kv_blocks - c.gpu_kv_blocks):
-                raise ScenarioError(
-                    f"{path}: workload: request {i}'s prompt needs {prompt} KV blocks, more "
-                    f"than NEO can stage ({stage}) or place on the host beyond one GPU's worth "
-                    f"({c.host_kv_blocks - c.gpu_kv_blocks}); clip workload.max_prompt_tokens "
-                    f"or enlarge the pools"
-                )
+        for refusal, config in policies:
+            reason = refusal(config, r.prompt_tokens, r.max_tokens)
+            if reason is not None:
+                raise ScenarioError(f"{path}: workload: request {i} {reason}")

@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 import traceback
 from collections.abc import Iterable, Mapping
@@ -41,9 +40,11 @@ from tqdm import tqdm
 
 from .executors import InProcess, ProcessPool, RayCluster
 from .metrics import longest_cpu_stall, sustainable_rate
+from .outputs import temporary_name, write_json, write_text_atomically
 from .records import write_records
-from .runner import _json_safe, simulate
+from .runner import simulate
 from .scenario import LoadedScenario, Scenario, load_scenario, read_scenario
+from .sim import SimulationStalled
 
 # The metrics that have a target, in the order tables show them.
 TARGET_METRICS = ("normalized_latency_s", "p99_ttft_s", "p99_itl_s", "p99_tpot_s")
@@ -74,6 +75,11 @@ class PointOutcome:
     status: str  # "done" (computed now), "skipped" (finished earlier) or "failed"
     wall_s: float | None = None
     error: str | None = None  # one line; the traceback is in the point's error.txt
+
+    @property
+    def stalled(self) -> bool:
+        """The point failed by stalling: deterministic, so a rerun stalls again."""
+        return self.error is not None and self.error.startswith(f"{SimulationStalled.__name__}:")
 
     @property
     def name(self) -> str:
@@ -140,17 +146,9 @@ def scenario_hash(path: Path | str) -> str:
 # ----------------------------------------------------------------------------- one point
 
 
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(_json_safe(obj), indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def _write_error(pdir: Path, text: str) -> None:
     pdir.mkdir(parents=True, exist_ok=True)
-    tmp = pdir / ".error.txt.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, pdir / "error.txt")
+    write_text_atomically(pdir / "error.txt", text)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -195,22 +193,64 @@ def write_point(pdir: Path, result: PointResult) -> None:
         _write_error(pdir, result.traceback)
         return
     pdir.mkdir(parents=True, exist_ok=True)
-    tmp = pdir / ".requests.parquet.tmp"
-    write_records(result.frame, tmp)
-    os.replace(tmp, pdir / "requests.parquet")
-    _write_json(pdir / "summary.json", result.summary)
+    write_records(result.frame, pdir / "requests.parquet")
+    write_json(pdir / "summary.json", result.summary)
     (pdir / "error.txt").unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------- the sweep
 
 
+SWEEP_FILES = ("sweep.json", "sweep.csv", "sustainable.csv")
+POINT_FILES = ("requests.parquet", "summary.json", "error.txt")
+PLOT_SUFFIXES = (".png", ".pdf")
+
+
 def _clear(out: Path) -> None:
-    """--restart: remove what a sweep writes (and nothing else) from ``out``."""
-    shutil.rmtree(out / "points", ignore_errors=True)
-    shutil.rmtree(out / "plots", ignore_errors=True)
-    for name in ("sweep.json", "sweep.csv", "sustainable.csv"):
+    """--restart: remove what a sweep and its plots wrote, and nothing else, from ``out``: the
+    sweep's own files, each point folder's files (and the folder once empty), the figures in
+    plots/. A file of the user's in points/ or plots/ stays, and so does its folder."""
+    points = out / "points"
+    if points.is_dir():
+        for pdir in points.iterdir():
+            if pdir.is_dir() and "@" in pdir.name:
+                for name in POINT_FILES:
+                    (pdir / name).unlink(missing_ok=True)
+                    temporary_name(pdir / name).unlink(missing_ok=True)
+                _remove_if_empty(pdir)
+        _remove_if_empty(points)
+    plots = out / "plots"
+    if plots.is_dir():
+        for f in plots.iterdir():
+            if f.is_file() and f.suffix in PLOT_SUFFIXES:
+                f.unlink()
+        _remove_if_empty(plots)
+    for name in SWEEP_FILES:
         (out / name).unlink(missing_ok=True)
+
+
+def _remove_if_empty(folder: Path) -> None:
+    if not any(folder.iterdir()):
+        folder.rmdir()
+
+
+def _check_out(out: Path) -> None:
+    """Refuse, before computing anything, an ``out`` the sweep cannot write or must not: a
+    file, a folder without write permission, and a folder holding a sweep.csv that no sweep
+    wrote there (neither sweep.json nor a finished point), which the sweep would overwrite."""
+    if out.exists() and not out.is_dir():
+        raise SweepError(f"{out}: is a file; give --out a directory for the sweep")
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SweepError(f"{existing}: permission denied; give --out a directory you can write")
+    ours = (out / "sweep.json").is_file() or any((out / "points").glob("*@*/summary.json"))
+    if out.is_dir() and not ours:
+        foreign = [name for name in SWEEP_FILES[1:] if (out / name).exists()]
+        if foreign:
+            raise SweepError(f"{out}: holds a {foreign[0]} that no sweep wrote there (no "
+                             "sweep.json, no points); give --out a new directory")
 
 
 def _stale_message(out: Path, scenario: Path) -> str:
@@ -337,12 +377,13 @@ def run_sweep(
     grid = [(p, r) for p in policies for r in rates]
     targets = first.spec.targets.model_dump()
     digest = scenario_hash(scenario)
+    _check_out(out)
     if restart:
         _clear(out)
     _check_resumable(out, scenario, digest, grid)
     out.mkdir(parents=True, exist_ok=True)
     (out / "points").mkdir(exist_ok=True)
-    _write_json(out / "sweep.json", {
+    write_json(out / "sweep.json", {
         "scenario": str(scenario.resolve()), "name": first.spec.name, "scenario_hash": digest,
         "hashed_files": [str(f.resolve()) for f in referenced_files(scenario, first.spec)],
         "policies": policies, "rates": rates, "targets": targets,
@@ -402,9 +443,9 @@ def run_sweep(
             bar.close()
 
     table = sweep_table(out, grid)
-    table.to_csv(out / "sweep.csv", index=False)
+    write_text_atomically(out / "sweep.csv", table.to_csv(index=False))
     sustainable = sustainable_table(table, targets)
-    sustainable.to_csv(out / "sustainable.csv", index=False)
+    write_text_atomically(out / "sustainable.csv", sustainable.to_csv(index=False))
     return SweepResult(out, spec.name, targets, [outcomes[k] for k in grid], table, sustainable,
                        wall_s=time.perf_counter() - start)
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
+
+from .outputs import replace_atomically
 
 # The tracks both backends use; a recorder accepts other names too (they sort after these).
 GPU_ENGINE = "GPU engine"  # GPU rounds: migration waits and GPU-main forwards
@@ -29,6 +31,8 @@ TRACKS = (GPU_ENGINE, DENSE_ASSIST, CPU_ENGINE, PCIE_H2D, PCIE_D2H)
 MIGRATION = "migration"  # name of the flow arrows from a transfer to the next round
 
 _FLOW_IDS_PER_PROCESS = 1 << 32  # flow ids must be unique in the file, not just per process
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # as json.dumps with these separators
+_BATCH_EVENTS = 10_000
 
 
 class TraceRecorder:
@@ -85,22 +89,36 @@ class TraceRecorder:
         """This node's events in the Trace Event Format, as process `pid`. Times are rounded to
         whole nanoseconds, each instant once, so slices that touch still touch exactly."""
         with self._lock:
-            return self._format(pid)
+            return list(self._format(pid))
+
+    def write_events(self, pid: int, write: Callable[[str], object], first: bool) -> None:
+        """Write this node's events as process `pid`, comma-separated JSON, one batch of
+        text at a time: a trace file is hundreds of MB, never held whole in memory. `first`:
+        nothing was written before these (no leading comma)."""
+        with self._lock:
+            batch: list[str] = []
+            for event in self._format(pid):
+                batch.append(_ENCODE(event))
+                if len(batch) == _BATCH_EVENTS:
+                    write(("" if first else ",") + ",".join(batch))
+                    batch, first = [], False
+            if batch:
+                write(("" if first else ",") + ",".join(batch))
 
     def write(self, path: Path) -> None:
         write_trace(path, [self])
 
-    def _format(self, pid: int) -> list[dict]:
+    def _format(self, pid: int) -> Iterator[dict]:
         used = set(self._tracks)
         tids = {track: i + 1 for i, track in enumerate(TRACKS)}
         for track in sorted(used - tids.keys()):
             tids[track] = len(tids) + 1
-        out: list[dict] = [_meta(pid, 0, "process_name", {"name": self.process}),
-                           _meta(pid, 0, "process_sort_index", {"sort_index": pid})]
+        yield _meta(pid, 0, "process_name", {"name": self.process})
+        yield _meta(pid, 0, "process_sort_index", {"sort_index": pid})
         for track, tid in tids.items():
             if track in used:
-                out.append(_meta(pid, tid, "thread_name", {"name": track}))
-                out.append(_meta(pid, tid, "thread_sort_index", {"sort_index": tid}))
+                yield _meta(pid, tid, "thread_name", {"name": track})
+                yield _meta(pid, tid, "thread_sort_index", {"sort_index": tid})
         for track, name, start_s, end_s, args in zip(self._tracks, self._names, self._starts,
                                                      self._ends, self._args, strict=True):
             start = _ns(start_s)
@@ -108,22 +126,31 @@ class TraceRecorder:
                      "ts": start / 1000, "dur": (_ns(end_s) - start) / 1000}
             if args:
                 event["args"] = args
-            out.append(event)
+            yield event
         for n, (src_track, src_s, dst_track, dst_s) in enumerate(self._flows):
             flow = {"name": MIGRATION, "cat": MIGRATION, "id": pid * _FLOW_IDS_PER_PROCESS + n,
                     "pid": pid}
-            out.append({**flow, "ph": "s", "tid": tids[src_track], "ts": _ns(src_s) / 1000})
-            out.append({**flow, "ph": "f", "bp": "e", "tid": tids[dst_track],
-                        "ts": _ns(dst_s) / 1000})
-        return out
+            yield {**flow, "ph": "s", "tid": tids[src_track], "ts": _ns(src_s) / 1000}
+            yield {**flow, "ph": "f", "bp": "e", "tid": tids[dst_track], "ts": _ns(dst_s) / 1000}
 
 
 def write_trace(path: Path, recorders: Sequence[TraceRecorder]) -> None:
-    """Write one trace file holding each recorder as its own process (pid 1, 2, ...)."""
-    events = [e for pid, rec in enumerate(recorders, 1) for e in rec.events(pid)]
-    text = json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}, separators=(",", ":"))
+    """Write one trace file holding each recorder as its own process (pid 1, 2, ...).
+
+    Streamed, event batch by event batch, so memory stays that of the recorders; written to a
+    temporary name and renamed, so a trace rewritten after each policy keeps the earlier
+    policies' when interrupted. The bytes are those of one ``json.dumps`` of the whole trace.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)  # json.dumps, not json.dump: dump streams through pure Python
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write('{"traceEvents":[')
+            for pid, rec in enumerate(recorders, 1):  # each writes its process's names at least
+                rec.write_events(pid, f.write, first=pid == 1)
+            f.write('],"displayTimeUnit":"ms"}')
+
+    replace_atomically(path, write)
 
 
 def _ns(seconds: float) -> int:

@@ -30,12 +30,14 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from .core.journal import JournalError
 from .costs.profile import Controls, Profile, load_profile
 from .metrics import summarize
+from .outputs import write_json
 from .plots import plot_latency_cdf_overlay, plot_timeline_overlay
 from .records import read_records, write_records
 from .replay import ReplayReport, replay_run
-from .runner import _json_safe, simulate
+from .runner import simulate
 from .scenario import LoadedScenario, load_scenario
 
 METRICS = (
@@ -329,6 +331,10 @@ def validate(real_dir: Path | str, scenario: Path | str, out_dir: Path | str | N
     notes += check_against_scenario(real, loaded)
     out = Path(out_dir) if out_dir is not None else real.path / "validation"
 
+    try:  # before anything is written: a bad journal must not leave a half validation
+        replays = replay_run(real.path, loaded)  # the runtime's journals, where it wrote them
+    except JournalError as e:
+        raise ValidateError(str(e)) from None
     sim_frames: dict[str, pd.DataFrame] = {}
     sim_summaries: list[dict] = []
     for policy in real.frames:
@@ -338,7 +344,7 @@ def validate(real_dir: Path | str, scenario: Path | str, out_dir: Path | str | N
     sim_dir = out / "sim"
     sim_dir.mkdir(parents=True, exist_ok=True)
     write_records(pd.concat(sim_frames.values(), ignore_index=True), sim_dir / "requests.parquet")
-    (sim_dir / "summary.json").write_text(json.dumps(_json_safe(sim_summaries), indent=2) + "\n")
+    write_json(sim_dir / "summary.json", sim_summaries)
 
     table = compare(real.frames, sim_frames)
     table.to_csv(out / "validation.csv", index=False)
@@ -348,7 +354,6 @@ def validate(real_dir: Path | str, scenario: Path | str, out_dir: Path | str | N
                                    title=f"{name}, token progress")
     files += plot_latency_cdf_overlay(real.frames, sim_frames, out / "latency_cdf_overlay",
                                       title=f"{name}, latency CDFs")
-    replays = replay_run(real.path, loaded)  # the runtime's journals, where it wrote them
     if replays:
         (out / "replay.txt").write_text("".join(r.line() + "\n" for r in replays))
         files.append(out / "replay.txt")

@@ -214,3 +214,35 @@ def test_worker_processes_match_in_process_results(write_scenario, tmp_path):  #
         assert one == two
     pd.testing.assert_frame_equal(serial.table, parallel.table)
     assert not math.isnan(parallel.table["normalized_latency_s"].iloc[0])
+
+
+def test_restart_removes_only_what_the_sweep_wrote(scenario, tmp_path):
+    """--restart discards the sweep's files, its points and its figures, and keeps a user's own
+    files in the same folders (and the folders holding them)."""
+    out = tmp_path / "sw"
+    assert sweep_cli(scenario, "--out", out, "--workers", 1, "--quiet").exit_code == 0
+    (out / "plots").mkdir()
+    (out / "plots" / "old.png").write_bytes(b"png")
+    (out / "plots" / "notes.txt").write_text("mine")
+    (out / "points" / "README").write_text("mine too")
+    (out / "mine.csv").write_text("a\n1\n")
+    result = sweep_cli(scenario, "--out", out, "--workers", 1, "--quiet", "--restart")
+    assert result.exit_code == 0, result.output
+    assert (out / "plots" / "notes.txt").read_text() == "mine"
+    assert not (out / "plots" / "old.png").exists()
+    assert (out / "points" / "README").read_text() == "mine too"
+    assert (out / "mine.csv").exists() and (out / "sweep.csv").exists()
+
+
+def test_a_stalled_point_is_reported_as_deterministic(scenario, tmp_path, monkeypatch):
+    """A stall is no transient failure: the advice is not to rerun."""
+    from dualpace_sim.sim import SimulationStalled
+
+    def stall(loaded, policy, *args, **kwargs):
+        raise SimulationStalled("simulation stalled at t=1.000s with 3 unfinished requests")
+
+    monkeypatch.setattr(sweep_mod, "simulate", stall)
+    result = sweep_cli(scenario, "--out", tmp_path / "sw", "--workers", 1, "--quiet")
+    assert result.exit_code == 1
+    assert "the stalls are deterministic" in result.stderr
+    assert "rerun the same command" not in result.stderr

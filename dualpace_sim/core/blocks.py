@@ -12,36 +12,48 @@ from .request import Request
 
 
 class BlockPool:
-    """A fixed number of equally sized KV blocks with a LIFO free list (reuse keeps caches warm)."""
+    """A fixed number of equally sized KV blocks with a LIFO free list (reuse keeps caches warm).
+
+    Ids never handed out yet are not listed: they are the range ``[_fresh, capacity)``, taken
+    from its low end, so a pool of any capacity costs memory only for the blocks in use, and
+    the ids handed out are those of a free list that started as ``capacity-1, ..., 1, 0``.
+    """
 
     def __init__(self, name: str, capacity: int) -> None:
         if capacity < 0:
             raise ValueError(f"{name} pool: capacity must be >= 0, got {capacity}")
         self.name = name
         self.capacity = capacity
-        self._free = list(range(capacity - 1, -1, -1))
+        self._released: list[int] = []  # returned ids, reused last-in first-out
+        self._fresh = 0  # ids below this have been handed out at least once
 
     @property
     def free(self) -> int:
-        return len(self._free)
+        return len(self._released) + self.capacity - self._fresh
 
     @property
     def used(self) -> int:
-        return self.capacity - len(self._free)
+        return self.capacity - self.free
 
     def allocate(self, n: int) -> list[int]:
         """Hand out `n` block ids; the caller has checked `free` (over-allocation is a bug)."""
-        if n > len(self._free):
-            raise RuntimeError(f"{self.name} pool over-allocated: want {n}, free {len(self._free)}")
+        if n > self.free:
+            raise RuntimeError(f"{self.name} pool over-allocated: want {n}, free {self.free}")
         if n == 0:
             return []
-        taken = self._free[-n:]
-        del self._free[-n:]
+        reused = len(self._released)
+        if n <= reused:
+            taken = self._released[-n:]
+            del self._released[-n:]
+            return taken
+        start, self._fresh = self._fresh, self._fresh + n - reused
+        taken = list(range(self._fresh - 1, start - 1, -1)) + self._released
+        self._released = []
         return taken
 
     def release(self, blocks: list[int]) -> None:
-        self._free.extend(blocks)
-        assert len(self._free) <= self.capacity, f"{self.name} pool: double free"
+        self._released.extend(blocks)
+        assert self.free <= self.capacity, f"{self.name} pool: double free"
 
 
 def retire_finished(

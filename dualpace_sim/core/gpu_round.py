@@ -28,6 +28,7 @@ class _Budget:
     queue_peak: int  # Σ finish-peak of the GPU ownership queue only (Eq. 4)
     migration: int  # B_migration for the queue as decided so far
     host_planned: int = 0  # B_planned: host blocks this round will allocate
+    host_growth: int = 0  # B_growth over every host-bound request, this round's included
     staging: int = 0  # single-layer staging blocks still free
     new_cpu: int = 0  # requests this round sends to the CPU
 
@@ -87,6 +88,8 @@ class GpuScheduler:
             queue_peak=queue_peak,
             migration=migration_reserve((r.peak_blocks for r in queue), cfg.gpu_kv_blocks),
             host_planned=plan.swap_out_blocks,  # swap-outs are same-round host allocations
+            host_growth=st.cpu_growth + st.waiting_growth() + sum(
+                v.peak_blocks - len(v.blocks) for v in plan.swap_outs),
             staging=cfg.staging_blocks,
         )
         plan.decodes = list(decodes)
@@ -117,6 +120,7 @@ class GpuScheduler:
         prefill_peaks = [r.peak_blocks for r in st.gpu_prefilling if not r.to_cpu]
         chosen: set[int] = set()
         planned = freed = 0
+        growth = st.cpu_growth + st.waiting_growth()  # a victim's growth joins it on the host
         for i in range(len(running) - 1, -1, -1):
             if freed >= deficit:
                 break
@@ -126,12 +130,14 @@ class GpuScheduler:
                 continue
             rest = [x.peak_blocks for j, x in enumerate(running) if j != i and j not in chosen]
             reserve = migration_reserve(rest + prefill_peaks, cfg.gpu_kv_blocks)
+            victim_growth = r.peak_blocks - size
             if not envelope_fits(
-                st.host.used, planned + size, st.cpu_growth, reserve, st.host.capacity
+                st.host.used, planned + size, growth + victim_growth, reserve, st.host.capacity
             ):
                 continue
             chosen.add(i)
             planned += size
+            growth += victim_growth
             freed += size + needs[i]
         victims = [running[i] for i in sorted(chosen)]
         return victims, freed
@@ -210,8 +216,9 @@ class GpuScheduler:
                 if to_cpu:
                     if st.cpu_owned_count() + budget.new_cpu >= cfg.host_max_requests:
                         break
+                    growth = r.peak_blocks - size  # reserved now: it must reach its peak
                     if not envelope_fits(
-                        st.host.used, budget.host_planned + size, st.cpu_growth,
+                        st.host.used, budget.host_planned + size, budget.host_growth + growth,
                         budget.migration, st.host.capacity,
                     ):
                         break
@@ -219,6 +226,7 @@ class GpuScheduler:
                     if staging > budget.staging:
                         break
                     budget.host_planned += size
+                    budget.host_growth += growth
                     budget.staging -= staging
                     budget.new_cpu += 1
                     to_cpu_chosen = True
@@ -227,7 +235,7 @@ class GpuScheduler:
                         budget.migration, budget.queue_peak, r.peak_blocks, cap
                     )
                     if not envelope_fits(
-                        st.host.used, budget.host_planned, st.cpu_growth, reserve,
+                        st.host.used, budget.host_planned, budget.host_growth, reserve,
                         st.host.capacity,
                     ):
                         break

@@ -50,9 +50,20 @@ class Entry:
     data: dict = field(default_factory=dict)
 
 
+# The calls a backend makes, per engine; a journal naming another is not one of ours.
+CALLS = {"load": ("submit",),
+         "gpu": ("schedule", "copies_done", "migrations_done", "apply"),
+         "cpu": ("schedule", "apply")}
+
+
+class JournalError(ValueError):
+    """A journal file that cannot be read back; one line naming the file, the line and why."""
+
+
 class Journal:
-    def __init__(self) -> None:
+    def __init__(self, source: str = "journal") -> None:
         self.entries: list[Entry] = []
+        self.source = source  # where it was read from, for error messages
 
     def record(self, t: float, engine: str, call: str, **data) -> None:
         self.entries.append(Entry(t, engine, call, data))
@@ -64,14 +75,37 @@ class Journal:
 
     @classmethod
     def read(cls, path: Path) -> Journal:
-        journal = cls()
-        with gzip.open(path, "rt") as f:
-            for line in f:
-                d = json.loads(line)
-                d["data"] = {k: _int_keys(v) if k == "tokens" else v
-                             for k, v in d["data"].items()}
-                journal.entries.append(Entry(**d))
+        """Read a journal :meth:`write` wrote; JournalError for a file that is not gzip, is cut
+        short (a run killed while writing it) or holds a line that is not one entry."""
+        journal = cls(str(path))
+        try:
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                for line in f:
+                    journal.entries.append(_entry(json.loads(line)))
+        except (gzip.BadGzipFile, EOFError, UnicodeDecodeError, OSError) as e:
+            reason = ("cut short (was its run killed?)" if isinstance(e, EOFError) else
+                      f"not a gzip-compressed journal ({e})")
+            raise JournalError(f"{path}: {reason}; rerun the real run to write it again") from None
+        except json.JSONDecodeError as e:
+            line = len(journal.entries) + 1
+            raise JournalError(f"{path}: line {line}: not JSON ({e.msg})") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            line = len(journal.entries) + 1
+            raise JournalError(f"{path}: line {line}: not a journal entry ({e})") from None
         return journal
+
+
+def _entry(d: object) -> Entry:
+    """One entry from its JSON object, checked: KeyError, TypeError or ValueError if not."""
+    if not isinstance(d, dict):
+        raise TypeError("expected an object")
+    t, engine, call, data = d["t"], d["engine"], d["call"], d["data"]
+    if not isinstance(t, int | float) or isinstance(t, bool) or not isinstance(data, dict):
+        raise TypeError("t must be a number and data an object")
+    if call not in CALLS.get(engine, ()):
+        raise ValueError(f"unknown call {engine}/{call}")
+    data = {k: _int_keys(v) if k == "tokens" else v for k, v in data.items()}
+    return Entry(float(t), engine, call, data)
 
 
 def _int_keys(tokens: dict) -> dict[int, int]:

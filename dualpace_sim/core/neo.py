@@ -182,6 +182,12 @@ def layer_time(plan: NeoPlan, p: NeoPredictor) -> float:
     return stage0 + stage1
 
 
+class NeoHostFull(RuntimeError):
+    """NEO's host pool cannot take what an iteration moves there. NEO sizes the host as swap
+    space and never checks it: its swap-outs and CPU decodes grow without bound, so a host
+    that is small for the load overflows. The message is one line saying what to enlarge."""
+
+
 class NeoScheduler:
     """The three NEO queues over an HBM pool and a host pool."""
 
@@ -295,6 +301,7 @@ class NeoScheduler:
     def _commit(self, plan: NeoPlan, now: float) -> None:
         """Move blocks for swaps, pop the surviving FCFS prefix of prefills, allocate KV."""
         bs = self.config.block_size
+        self._check_host(plan)
         for r in plan.swap_outs:
             plan.swap_out_blocks += len(r.blocks)
             self.hbm.release(r.blocks)
@@ -323,6 +330,22 @@ class NeoScheduler:
                     grow = self._blocks(r) - len(r.blocks)
                     if grow > 0:
                         r.blocks.extend(pool.allocate(grow))
+
+    def _check_host(self, plan: NeoPlan) -> None:
+        """NeoHostFull before anything moves if the host cannot take this iteration's
+        swap-outs, CPU prefills and CPU decodes' next blocks (swap-ins free host blocks only
+        once they have moved, so they do not count)."""
+        bs = self.config.block_size
+        need = sum(len(r.blocks) for r in plan.swap_outs)
+        for b in plan.batches:
+            need += sum(blocks_for(r.prompt_tokens, bs) for r in b.cpu_prefills)
+            need += sum(max(self._blocks(r) - len(r.blocks), 0) for r in b.cpu_decodes)
+        if need > self.host.free + sum(len(r.blocks) for r in plan.swap_ins):
+            raise NeoHostFull(
+                f"NEO's host pool is full: an iteration needs {need} more blocks and "
+                f"{self.host.free} of {self.host.capacity} are free; NEO treats the host as swap "
+                "space and never bounds what it moves there, so enlarge "
+                "scheduler.host_kv_blocks (or lower the load)")
 
     def apply(self, plan: NeoPlan, end_s: float) -> None:
         """Every request in the iteration gets exactly one token."""

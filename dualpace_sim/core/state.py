@@ -8,6 +8,7 @@ both backends (simulated or real) see the same sequence of states for the same d
 from __future__ import annotations
 
 from collections import deque
+from itertools import chain
 
 from .blocks import BlockPool
 from .config import SchedulerConfig
@@ -42,9 +43,23 @@ class EngineState:
         self.gpu_waiting.append(req)
         self.n_submitted += 1
 
+    def waiting_growth(self) -> int:
+        """The growth (b̂ - b) of the host-bound requests that are not CPU-running: CPU waiting
+        (ready, swapping out or copying in) and Prefill-to-CPU prompts still prefilling.
+
+        Eq. 3 reserves growth for CPU-running requests only, so as written a small host filled
+        by waiting requests can deadlock: none of them fits the CPU's budget, and none leaves.
+        The core also reserves theirs (docs/liveness.md): every request bound for the host can
+        then reach its finish-peak, whatever the interleaving.
+        """
+        bound = chain(self.cpu_waiting, (r for r in self.gpu_prefilling if r.to_cpu))
+        return sum(max(r.peak_blocks - len(r.blocks), 0) for r in bound)
+
     def host_envelope_fits(self, planned: int = 0, migration: int | None = None) -> bool:
+        """Eq. 2 with B_growth over every host-bound request (:meth:`waiting_growth`)."""
         m = self.b_migration if migration is None else migration
-        return envelope_fits(self.host.used, planned, self.cpu_growth, m, self.host.capacity)
+        growth = self.cpu_growth + self.waiting_growth()
+        return envelope_fits(self.host.used, planned, growth, m, self.host.capacity)
 
     def cpu_owned_count(self) -> int:
         """Requests owned by, in transit to, or bound for the CPU engine (the host
@@ -117,6 +132,7 @@ class EngineState:
         growth = sum(max(r.peak_blocks - len(r.blocks), 0) for r in self.cpu_running)
         assert growth == self.cpu_growth, f"B_growth {self.cpu_growth}, actual {growth}"
         assert self.host_envelope_fits(), (
-            f"host envelope: used {self.host.used} + growth {self.cpu_growth} + migration "
-            f"{self.b_migration} > capacity {self.host.capacity}"
+            f"host envelope: used {self.host.used} + growth {self.cpu_growth} + waiting growth "
+            f"{self.waiting_growth()} + migration {self.b_migration} > capacity "
+            f"{self.host.capacity}"
         )

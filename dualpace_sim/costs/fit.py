@@ -429,6 +429,9 @@ def prefill_throughput(
             if n > max_tokens:
                 continue
             t = costs.gpu_layer(n, [(length, length)] * b, 0, 0)
+            if t <= 0:
+                raise FitError(f"a GPU layer over {b} prompts of {length} tokens costs {t:g} s "
+                                 "in this profile; its gpu tables need costs > 0 to be fitted")
             thr = n / t
             grid[i][j] = thr
             by_n.setdefault(n, []).append(thr)

@@ -30,10 +30,10 @@ from pydantic import (
 )
 
 from dualpace_sim.costs.shapes import ModelShape
+from dualpace_sim.inputs import InputFileError, load_yaml, read_text
 
 PROFILE_FORMAT = "dualpace-profile/1"
 # libyaml when available: profiles hold thousands of numbers and pure-Python YAML is slow.
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
@@ -44,7 +44,7 @@ class ProfileError(ValueError):
 class StrictModel(BaseModel):
     """Base of every file-backed model: unknown keys and NaN/inf are errors."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 def _strictly_increasing(values: list[float]) -> list[float]:
@@ -364,22 +364,22 @@ def validate_file_data(model: type[_M], data: Any, source: str) -> _M:
 
 
 def read_file_data(path: str | Path) -> Any:
-    """Parse a YAML (or ``.json``) file; syntax errors become a ProfileError naming the file."""
+    """Parse a YAML (or ``.json``) file; a file that is not a readable, bounded UTF-8 text and
+    syntax errors become a ProfileError naming the file (`dualpace_sim.inputs`)."""
     path = Path(path)
-    text = path.read_text()
-    if path.suffix == ".json":
-        # Not through YAML: YAML 1.1 reads JSON's 3e-06 as a string.
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ProfileError(f"{path}: invalid JSON (line {err.lineno}): {err.msg}") from None
     try:
-        return yaml.load(text, Loader=_LOADER)
-    except yaml.YAMLError as err:
-        where = getattr(err, "problem_mark", None)
-        line = f" (line {where.line + 1})" if where is not None else ""
-        problem = getattr(err, "problem", None) or str(err)
-        raise ProfileError(f"{path}: invalid YAML{line}: {problem}") from None
+        text = read_text(path)
+        if path.suffix != ".json":
+            return load_yaml(text, str(path))
+    except InputFileError as err:
+        raise ProfileError(str(err)) from None
+    # Not through YAML: YAML 1.1 reads JSON's 3e-06 as a string.
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ProfileError(f"{path}: invalid JSON (line {err.lineno}): {err.msg}") from None
+    except RecursionError:
+        raise ProfileError(f"{path}: nested too deeply to be a profile or spec") from None
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -405,6 +405,10 @@ _CONSTANTS = (
 PER_LAYER_MAX_S, PER_LAYER_FIRST_MAX_S = 10.0, 0.1
 WHOLE_MODEL_MAX_S, WHOLE_MODEL_FIRST_MAX_S = 100.0, 1.0
 CONSTANT_MAX_S = 1.0
+# A table whose largest shape costs less than a quarter of its smallest has its values reversed:
+# a cost grows with its shape, and measurement noise (a warm-up, a busy box) never makes it fall
+# that far, though it can make a few-point table of a tiny model fall somewhat.
+REVERSED_RATIO = 4.0
 MIN_LINK_BYTES_PER_S = 1e6
 
 
@@ -416,7 +420,9 @@ def _get(profile: Profile, dotted: str) -> Any:
 
 
 def magnitude_problems(profile: Profile) -> list[str]:
-    """``field: message`` for every value whose magnitude says it is not in seconds (bytes/s)."""
+    """``field: message`` for every value whose magnitude says it is not in seconds (bytes/s),
+    and for every table that is all zero or costs less at its largest shape than at its smallest
+    (reversed values): such a profile would simulate, with latencies that mean nothing."""
     problems = []
 
     def check_table(name: str, limit: float, first_limit: float, what: str) -> None:
@@ -424,17 +430,26 @@ def magnitude_problems(profile: Profile) -> list[str]:
         if isinstance(table, Table1D):
             field, values = f"{name}.y", list(zip(table.x, table.y, strict=True))
             first, first_at = table.y[0], f"x={table.x[0]:g}"
+            last, last_at = table.y[-1], f"x={table.x[-1]:g}"
             where = {v: f"x={x:g}" for x, v in values}
             peak = max(table.y)
         else:
             field = f"{name}.z"
             first, first_at = table.z[0][0], f"(x={table.x[0]:g}, y={table.y[0]:g})"
+            last, last_at = table.z[-1][-1], f"(x={table.x[-1]:g}, y={table.y[-1]:g})"
             peak, where = -1.0, {}
             for i, row in enumerate(table.z):
                 for j, v in enumerate(row):
                     if v > peak:
                         peak, where = v, {v: f"(x={table.x[i]:g}, y={table.y[j]:g})"}
-        if peak > limit:
+        if peak == 0:
+            problems.append(f"{field}: every value is 0; a measured cost is > 0 (re-profile, or "
+                            "take the table from a roofline profile)")
+        elif last * REVERSED_RATIO < first:
+            problems.append(
+                f"{field}: falls from {first:g} at the smallest shape {first_at} to {last:g} at "
+                f"the largest {last_at}; a cost grows with its shape (are the values reversed?)")
+        elif peak > limit:
             problems.append(
                 f"{field}: {peak:g} at {where[peak]} is implausible for {what} (over {limit:g} s); "
                 "expected seconds (is it in milliseconds?)")

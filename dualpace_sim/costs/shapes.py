@@ -13,6 +13,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from dualpace_sim.inputs import read_text
+
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -155,14 +157,31 @@ class ModelShape:
         Multimodal configs that nest the language model under ``text_config`` are accepted.
         """
         if isinstance(source, dict):
-            cfg, default_name = source, None
+            cfg, default_name, where = source, None, "the model config"
         else:
             path = Path(source)
             if path.is_dir():
                 path = path / "config.json"
-            cfg = json.loads(path.read_text())
+            where = str(path)
+            try:
+                cfg = json.loads(read_text(path, "model config"))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: invalid JSON (line {e.lineno}): {e.msg}") from None
+            if not isinstance(cfg, dict):
+                raise ValueError(f"{path}: expected a JSON object (a Hugging Face config.json)")
             default_name = path.parent.name or None
         cfg = cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg
+        try:
+            return cls._from_fields(cfg, name, default_name)
+        except KeyError as e:
+            raise ValueError(f"{where}: has no {e.args[0]!r}; give a Hugging Face decoder "
+                             "config.json (Llama or Qwen)") from None
+        except (TypeError, ValueError, ZeroDivisionError) as e:
+            raise ValueError(f"{where}: {e}") from None
+
+    @classmethod
+    def _from_fields(cls, cfg: dict[str, Any], name: str | None,
+                     default_name: str | None) -> ModelShape:
         model_type = str(cfg.get("model_type", ""))
         n_heads = int(cfg["num_attention_heads"])
         dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")

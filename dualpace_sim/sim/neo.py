@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..core import Request
-from ..core.neo import NeoConfig, NeoPlan, NeoScheduler, layer_time
+from ..core.neo import NeoConfig, NeoHostFull, NeoPlan, NeoScheduler, layer_time
 from ..costs import CostModel
 from ..costs.neo_tables import NeoTables
 from ..trace_events import CPU_ENGINE, GPU_ENGINE, TraceRecorder
-from .node import Node, ids
+from .node import Node, SimulationStalled, ids
 
 
 class NeoNode(Node):
@@ -49,7 +49,10 @@ class NeoNode(Node):
     def _loop(self):
         env, sched = self.env, self.sched
         while not self._done():
-            plan = sched.schedule(env.now)
+            try:
+                plan = sched.schedule(env.now)
+            except NeoHostFull as e:  # the run cannot go on: reported as a stall, one line
+                raise SimulationStalled(f"simulation stalled at t={env.now:.3f}s: {e}") from None
             if not plan.batches:  # nothing on the GPU (so no swap either): sleep until work
                 yield self._idle("gpu")
                 continue

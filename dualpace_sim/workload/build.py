@@ -15,6 +15,10 @@ from dualpace_sim.workload.registry import TRACES, trace_entry
 from dualpace_sim.workload.spec import RequestSpec, WorkloadError
 from dualpace_sim.workload.traces import LOADERS, TraceRows
 
+# A bound on a run's requests: each costs ~1 KB while simulated, and 2 million take hours; a
+# typo such as 100000000 would otherwise exhaust memory after a minute instead of failing now.
+MAX_REQUESTS = 2_000_000
+
 
 class WorkloadConfig(BaseModel):
     """Where request lengths come from and how requests arrive.
@@ -28,7 +32,7 @@ class WorkloadConfig(BaseModel):
     ``arrival: trace`` replays the trace's timestamps with every gap multiplied by ``time_scale``.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # `true` is no count
 
     source: Literal["default", "azure", "vidur", "mooncake", "trace"] = Field(
         "default", description=(
@@ -40,8 +44,8 @@ class WorkloadConfig(BaseModel):
         "(`dualpace-sim traces list`)"))
     path: str | None = Field(None, description=(
         "trace file for azure, vidur or mooncake, relative to the scenario file"))
-    num_requests: int = Field(2000, ge=1, description=(
-        "requests: the first N of a trace, or N sampled lengths"))
+    num_requests: int = Field(2000, ge=1, le=MAX_REQUESTS, description=(
+        "requests: the first N of a trace, or N sampled lengths (at most 2,000,000)"))
     arrival: Literal["poisson", "trace"] = Field("poisson", description=(
         "`poisson`: exponential gaps normalized to `rate`, fixed seed; `trace`: the trace's own "
         "timestamps"))
@@ -49,7 +53,7 @@ class WorkloadConfig(BaseModel):
         "offered load, requests per second (arrival: poisson)"))
     time_scale: float = Field(1.0, gt=0, allow_inf_nan=False, description=(
         "multiply every gap between trace timestamps by this (arrival: trace)"))
-    seed: int = Field(0, description="seed of the arrival gaps and of sampled lengths")
+    seed: int = Field(0, ge=0, description="seed of the arrival gaps and of sampled lengths")
     max_prompt_tokens: int | None = Field(None, ge=1, description=(
         "clip every prompt to this many tokens"))
     max_output_tokens: int | None = Field(None, ge=1, description=(

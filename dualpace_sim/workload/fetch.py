@@ -110,6 +110,9 @@ def _download(entry: TraceEntry, dest: Path, timeout_s: float, progress: bool) -
         raise WorkloadError(
             f"could not download {entry.url} ({reason}); {_manual_fix(entry, dest)}"
         ) from exc
+    except BaseException:  # Ctrl-C, SIGTERM mid-download: no hidden partial file in the cache
+        tmp.unlink(missing_ok=True)
+        raise
     if entry.sha256 is not None and digest.hexdigest() != entry.sha256:
         tmp.unlink()
         raise WorkloadError(

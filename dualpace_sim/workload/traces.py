@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dualpace_sim.inputs import InputFileError, check_regular_file
 from dualpace_sim.workload.spec import WorkloadError
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -104,11 +105,15 @@ LOADERS: dict[str, TraceLoader] = {
 def _check_request(path: Path, first_n: int | None) -> None:
     if first_n is not None and first_n < 1:
         raise WorkloadError(f"{path}: asked for the first {first_n} rows; ask for at least 1")
-    if not path.is_file():
+    if not path.exists():
         raise WorkloadError(
             f"{path}: trace file not found; check workload.path (relative paths resolve against "
             "the scenario file's folder)"
         )
+    try:  # only the first rows are read, so a trace of any size will do
+        check_regular_file(path, "trace file", limit=None)
+    except InputFileError as e:
+        raise WorkloadError(str(e)) from None
 
 
 def _read_csv(path: Path, first_n: int | None) -> pd.DataFrame:
@@ -210,7 +215,16 @@ def _check_order(times: np.ndarray, df: pd.DataFrame, path: Path, column: str) -
 def _azure_timestamps(df: pd.DataFrame, path: Path) -> np.ndarray:
     """Parse to integer nanoseconds so the 7th fractional digit (100 ns) is kept exactly."""
     text = df["TIMESTAMP"].str.strip()
-    parsed = pd.to_datetime(text, format="ISO8601", errors="coerce")
+    try:
+        parsed = pd.to_datetime(text, format="ISO8601", errors="coerce")
+    except ValueError:  # pandas refuses offsets that differ from row to row
+        offsets = text.str.extract(r"([+-]\d\d:?\d\d|Z)$")[0].fillna("")
+        row = _first_bad((offsets != offsets.iloc[0]).to_numpy())
+        line = df.index[row] if row is not None else df.index[0]
+        raise WorkloadError(
+            f"{path}: line {line}, column TIMESTAMP: {text.loc[line]!r} has a different time-zone "
+            f"offset from line {df.index[0]}'s {text.iloc[0]!r}; give every row the same offset "
+            "(or none)") from None
     row = _first_bad(parsed.isna().to_numpy())
     if row is not None:
         raise WorkloadError(

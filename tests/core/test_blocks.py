@@ -42,3 +42,15 @@ def test_negative_capacity_rejected():
     with pytest.raises(ValueError):
         BlockPool("HBM", -1)
     assert BlockPool("HBM", 0).free == 0
+
+
+def test_a_pool_of_any_capacity_costs_only_the_blocks_in_use():
+    """10^15 blocks (a typo'd pool size) allocate at once; ids come from the low end, released
+    ids are reused last-in first-out before fresh ones, as from a free list of every id."""
+    pool = BlockPool("host", 10**15)
+    assert pool.allocate(3) == [2, 1, 0]
+    assert pool.allocate(2) == [4, 3]
+    pool.release([1, 3])
+    assert pool.allocate(1) == [3]
+    assert pool.allocate(3) == [6, 5, 1]
+    assert pool.used == 7 and pool.free == 10**15 - 7

@@ -63,7 +63,9 @@ def test_step2_marked_running_request_yielded_and_nothing_admitted():
 def test_step2_envelope_boundary_moves_running_suffix_to_waiting_front():
     """A.2 step 2c: when the host envelope incl. B_migration is hit, the whole unscheduled
     running suffix (even a later request that would fit) moves, in order, to the front of the
-    waiting queue, and no waiting request is admitted."""
+    waiting queue, and no waiting request is admitted. (The core's envelope reserves the
+    waiting requests' growth too, docs/liveness.md, so it never publishes such a B_migration;
+    the CPU round's own budget is the paper's and must still hold.)"""
     st = make_state(host=30)
     r1 = cpu_running(st, make_req(8, 8, 1))  # 2/4/2
     r2 = cpu_running(st, make_req(8, 24, 1))  # 2/8/6
@@ -72,7 +74,7 @@ def test_step2_envelope_boundary_moves_running_suffix_to_waiting_front():
     st.b_migration = 20  # the GPU's reserve grew: budget 30 - 6 - 20 = 4
     plan = schedule(st)
     assert plan.batch == [r1] and plan.held_back == [r2, r3] and plan.admitted == 0
-    commit(st, plan)
+    CpuScheduler(st).commit(plan)
     assert list(st.cpu_waiting) == [r2, r3, w] and st.cpu_running == [r1]
 
 
@@ -92,14 +94,15 @@ def test_step2_batch_limit_moves_running_suffix_to_waiting_front():
 
 def test_step3_ready_waiting_prefix_admitted_under_budget():
     """A.2 step 3: the ready FIFO prefix of the waiting queue is admitted while its finish
-    growth fits the envelope left after B_used and B_migration (20 - 3 - 13 = 4: two of 2)."""
+    growth fits the envelope left after B_used and B_migration (20 - 3 - 13 = 4: two of 2).
+    (A B_migration the core's envelope never publishes, as it reserves the waiting requests'
+    growth: docs/liveness.md; the CPU round's budget is the paper's and must still hold.)"""
     st = make_state(host=20)
     w1, w2, w3 = (cpu_waiting(st, make_req(4, 8, 1)) for _ in range(3))  # 1/3/2 each
     st.b_migration = 13
-    st.check_invariants()
     plan = schedule(st)
     assert plan.batch == [w1, w2] and plan.admitted == 2
-    commit(st, plan)
+    CpuScheduler(st).commit(plan)
     assert st.cpu_running == [w1, w2] and list(st.cpu_waiting) == [w3]
 
 

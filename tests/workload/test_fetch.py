@@ -1,3 +1,4 @@
+import io
 import re
 import shutil
 import urllib.error
@@ -114,3 +115,23 @@ def test_registry_entries_are_complete(name):
     assert entry.url.startswith("https://") and entry.url.endswith("/" + entry.file_name)
     assert entry.sha256 is None or re.fullmatch("[0-9a-f]{64}", entry.sha256)
     assert entry.description and entry.size and entry.license and entry.attribution
+
+
+def test_an_interrupted_download_leaves_no_partial_file(tmp_path, monkeypatch):
+    """Ctrl-C in the middle of a download: the hidden temporary file goes with it."""
+    monkeypatch.delenv(AZURE_DIR_ENV, raising=False)
+
+    class Interrupted(io.BytesIO):
+        headers: dict = {}
+
+        def read(self, n=-1):
+            if self.tell():
+                raise KeyboardInterrupt
+            return super().read(4)
+
+    monkeypatch.setattr(urllib.request, "urlopen",
+                        lambda url, timeout: Interrupted(b"TIMESTAMP,ContextTokens\n"))
+    cache = tmp_path / "cache"
+    with pytest.raises(KeyboardInterrupt):
+        trace_path("azure-2023-code", cache_dir=cache)
+    assert list((cache / "azure-2023-code").iterdir()) == []
