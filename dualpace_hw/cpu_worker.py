@@ -5,8 +5,8 @@ runtime's lock, microseconds per round) and hands each round's `CpuStep` to this
 runs the whole decode step — every layer's Python, the dense kernel and the C++ attention — on
 its own cores. Shared by both processes, in memfd arenas (`shm`): the host KV pool (also
 CUDA-pinned, the GPU engine's swaps and Prefill-to-CPU copies land there directly), the CPU
-engine's copy of the weights, and the Dense Assist control block and buffers. The pipe carries one message per
-step each way:
+engine's copy of the weights, and the Dense Assist control block and buffers. The pipe carries
+one message per step each way:
 
     parent -> worker: ("step", CpuStep) | ("stop",)
     worker -> parent: ("ready", pid) | ("done", tokens, busy_s, assist_s) | ("error", message)
