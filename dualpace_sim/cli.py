@@ -23,6 +23,21 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+SET_HELP = ("change a scenario field without editing the file: a dotted key and a YAML value, "
+            "e.g. --set scheduler.host_kv_blocks=4096 --set workload.rate=3 (repeat); checked "
+            "as if written in the file")
+
+
+def _changes(items: list[str] | None) -> dict:
+    """The nested changes of repeated --set options; a malformed one fails with exit 2."""
+    from .overrides import OverrideError, parse_set
+
+    try:
+        return parse_set(items or [])
+    except OverrideError as e:
+        _fail(str(e))
+
+
 @app.command()
 def run(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
@@ -34,9 +49,13 @@ def run(
              "chrome://tracing): GPU rounds, CPU rounds, Dense Assists, PCIe transfers and "
              "migration arrows. Each policy of the scenario is one process in FILE. Large: tens "
              "of MB for 2,000 requests")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE",
+                                                   help=SET_HELP)] = None,
 ) -> None:
     """Simulate every policy of SCENARIO; write requests.parquet, summary.json, timeline plot."""
     from .runner import run_scenario
+
+    changes = _changes(set_)
 
     if trace_events is not None:  # fail before simulating, not after the first policy
         if trace_events.is_dir():
@@ -48,7 +67,8 @@ def run(
             _fail(f"--trace-events {trace_events}: cannot create its folder: {e.strerror} "
                   f"({e.filename})")
     try:
-        summaries = run_scenario(scenario, out, progress=not quiet, trace_events=trace_events)
+        summaries = run_scenario(scenario, out, progress=not quiet, trace_events=trace_events,
+                                 changes=changes)
     except (ScenarioError, SimulationStalled) as e:
         _fail(str(e))
     except OSError as e:
@@ -82,18 +102,23 @@ def sweep(
              "ray://HOST:10001 a remote cluster (its nodes need this package installed, not "
              "the scenario's files). Same results, byte for byte, as without it. Needs "
              "pip install -e \".\\[ray]\"")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE",
+                                                   help=SET_HELP)] = None,
 ) -> None:
-    """Run every (policy, rate) point of SCENARIO's sweep in parallel; rerun to resume.
+    """Run every (policy, rate, grid setting, seed) point of SCENARIO's sweep in parallel;
+    rerun to resume.
 
-    Writes OUT/points/<policy>@<rate>/ as points finish, then sweep.csv and sustainable.csv.
-    The points run in local worker processes, or with --ray ADDRESS on a Ray cluster.
+    Writes OUT/points/<policy>@<rate>[,<key>=<value>...]/ as points finish, then sweep.csv,
+    sustainable.csv and, with seeds, sweep_ci.csv. The points run in local worker processes,
+    or with --ray ADDRESS on a Ray cluster.
     """
     from .executors import ExecutorUnavailable
     from .sweep import SweepError, SweepInterrupted, format_sustainable, run_sweep
 
+    changes = _changes(set_)
     try:
         result = run_sweep(scenario, out, workers=workers, restart=restart, progress=not quiet,
-                           ray=ray)
+                           ray=ray, changes=changes)
     except (ScenarioError, SweepError, ExecutorUnavailable) as e:
         _fail(str(e))
     except SweepInterrupted as e:
@@ -115,6 +140,36 @@ def sweep(
         typer.echo(f"error: {len(result.failed)} of {len(result.points)} points failed; the CSVs "
                    f"cover the others; rerun the same command to retry the failed ones", err=True)
         raise typer.Exit(1)
+
+
+@app.command()
+def capacity(
+    scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
+    low: Annotated[float, typer.Option("--low", help="lowest offered rate to search, req/s")
+                   ] = 0.25,
+    high: Annotated[float, typer.Option("--high", help="highest offered rate to search, req/s")
+                    ] = 32.0,
+    tol: Annotated[float, typer.Option("--tol", help="stop when the bracket is this narrow, "
+                                                     "req/s")] = 0.05,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="also write DIR/capacity.csv")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE",
+                                                   help=SET_HELP)] = None,
+) -> None:
+    """The highest offered rate at which each policy of SCENARIO meets every target, found by
+    bisection between --low and --high to within --tol."""
+    from .capacity import capacity as find_capacity
+    from .capacity import format_capacity
+
+    changes = _changes(set_)
+    try:
+        table = find_capacity(scenario, changes, low=low, high=high, tol=tol)
+    except ScenarioError as e:
+        _fail(str(e))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out / "capacity.csv", index=False)
+    typer.echo(format_capacity(table, tol))
 
 
 @app.command()

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 from tqdm import tqdm
 
-from .metrics import summarize
+from .metrics import longest_cpu_stall, summarize
 from .plots import plot_timeline
+from .provenance import parquet_metadata, provenance, scenario_hash
 from .records import records_frame, write_records
 from .scenario import LoadedScenario, load_scenario
 from .sim import make_node
@@ -28,7 +30,11 @@ def simulate(
     trace: TraceRecorder | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """Run one policy; returns its records frame and its summary object. `trace`, if given,
-    receives the run's timeline."""
+    receives the run's timeline.
+
+    The summary is the same object in `run`'s summary.json and a sweep point's; the caller adds
+    ``scenario_hash`` and ``provenance`` (:func:`stamp`), which need the files and the git
+    checkout, so that a worker (a Ray task on another machine) never looks for them."""
     n = len(loaded.requests)
     # delay=1: the bar appears only for runs that take more than a second.
     with tqdm(total=n, desc=f"{loaded.spec.name}/{policy}", unit="req", delay=1.0,
@@ -41,7 +47,9 @@ def simulate(
         "scenario": loaded.spec.name,
         "policy": policy,
         "rate": loaded.spec.workload.rate,
-        **summarize(frame),
+        **summarize(frame, percentiles=loaded.spec.metrics.percentiles,
+                    slos=loaded.spec.targets.model_dump()),
+        "longest_cpu_stall_s": longest_cpu_stall(frame),
         "controls": _controls(loaded, policy),
         "capacities": {"gpu_kv_blocks": loaded.config.gpu_kv_blocks,
                        "host_kv_blocks": loaded.config.host_kv_blocks,
@@ -67,6 +75,12 @@ def _controls(loaded: LoadedScenario, policy: str) -> dict:
     return out
 
 
+def stamp(summary: dict, digest: str, record: dict) -> dict:
+    """A summary with the scenario hash (:func:`provenance.scenario_hash`) and provenance
+    (:func:`provenance.provenance`) it was made under."""
+    return {**summary, "scenario_hash": digest, "provenance": record}
+
+
 def _json_safe(obj):
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
@@ -78,11 +92,15 @@ def _json_safe(obj):
 
 
 def run_scenario(
-    path: Path, out: Path, progress: bool = True, trace_events: Path | None = None
+    path: Path, out: Path, progress: bool = True, trace_events: Path | None = None,
+    changes: Mapping | None = None,
 ) -> list[dict]:
-    """Simulate each policy of the scenario at `path`; write results under `out`, and the
-    policies' timelines to `trace_events` (one process per policy) when given."""
-    loaded = load_scenario(path)
+    """Simulate each policy of the scenario at `path` (with `changes` laid over its fields, as
+    :func:`scenario.read_scenario` describes); write results under `out`, and the policies'
+    timelines to `trace_events` (one process per policy) when given."""
+    loaded = load_scenario(path, changes=changes)
+    record = provenance(loaded)
+    digest = scenario_hash(path, changes)
     out.mkdir(parents=True, exist_ok=True)
     frames: dict[str, pd.DataFrame] = {}
     summaries: list[dict] = []
@@ -91,8 +109,9 @@ def run_scenario(
         trace = None if trace_events is None else TraceRecorder(f"{loaded.spec.name}: {policy}")
         frame, summary = simulate(loaded, policy, progress, trace)
         frames[policy] = frame
-        summaries.append(summary)
-        write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet")
+        summaries.append(stamp(summary, digest, record))
+        write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet",
+                      parquet_metadata(record))
         (out / "summary.json").write_text(json.dumps(_json_safe(summaries), indent=2) + "\n")
         if trace is not None:
             traces.append(trace)

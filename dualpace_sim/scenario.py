@@ -22,6 +22,8 @@ from .core.vllm import VllmConfig
 from .costs import CostModel, ModelShape, Profile, load_profile, load_spec, synthesize
 from .costs.fit import fit_controls
 from .costs.profile import check_magnitudes
+from .metrics import DEFAULT_PERCENTILES
+from .overrides import merged
 from .workload import RequestSpec, WorkloadConfig, build_requests, with_rate
 
 POLICIES = ("dualpace", "vllm", "neo")
@@ -103,10 +105,19 @@ class NeoSection(BaseModel):
 
 
 class SweepSpec(BaseModel):
-    """Offered rates a `dualpace-sim sweep` runs for every policy."""
+    """What a `dualpace-sim sweep` runs: every policy at every offered rate, for every
+    combination of the grid's values, once per seed."""
 
     model_config = ConfigDict(extra="forbid")
     rates: list[float] = Field(min_length=2, description="offered req/s, strictly increasing")
+    grid: dict[str, list[float | int | str | bool | None]] = Field(
+        default_factory=dict, description=(
+            "other fields to sweep: a dotted scenario key (`scheduler.host_kv_blocks`) -> its "
+            "values; every combination runs at every rate, and sweep.csv and sustainable.csv "
+            "get a column per key"))
+    seeds: list[int] | None = Field(None, min_length=1, description=(
+        "workload seeds: every point runs once per seed, and sweep_ci.csv and sustainable.csv "
+        "give bootstrap 95% confidence intervals over them; default: the workload's own seed"))
 
     @model_validator(mode="after")
     def _increasing(self) -> SweepSpec:
@@ -114,6 +125,30 @@ class SweepSpec(BaseModel):
             raise ValueError("rates must all be > 0 (requests per second)")
         if any(b <= a for a, b in zip(self.rates, self.rates[1:], strict=False)):
             raise ValueError("rates must be strictly increasing")
+        for key, values in self.grid.items():
+            if key in ("workload.rate", "workload.seed") or key.startswith("sweep"):
+                raise ValueError(f"grid: {key} cannot be a grid key; sweep rates with rates "
+                                 f"and seeds with seeds")
+            if not values or len(set(map(repr, values))) != len(values):
+                raise ValueError(f"grid: {key} needs distinct values, at least one")
+        if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds must be distinct")
+        return self
+
+
+class MetricsSection(BaseModel):
+    """How latencies are summarized (summary.json, sweep.csv)."""
+
+    model_config = ConfigDict(extra="forbid")
+    percentiles: list[float] = Field(
+        default_factory=lambda: list(DEFAULT_PERCENTILES), min_length=1, description=(
+            "percentiles reported for TTFT, TPOT, ITL and end-to-end latency, as "
+            "p<P>_<latency>_s (vLLM's benchmark: --metric-percentiles)"))
+
+    @model_validator(mode="after")
+    def _in_range(self) -> MetricsSection:
+        if any(not 0 < p <= 100 for p in self.percentiles):
+            raise ValueError("percentiles must each be in (0, 100]")
         return self
 
 
@@ -155,7 +190,10 @@ class Scenario(BaseModel):
     sweep: SweepSpec | None = Field(None, description=(
         "offered rates; required by `dualpace-sim sweep`, ignored by `run`"))
     targets: Targets = Field(default_factory=Targets, description=(
-        "latency targets for the sustainable request rate"))
+        "latency targets for the sustainable request rate; the goodput counts the requests "
+        "meeting the TTFT, TPOT and normalized-latency ones on their own values"))
+    metrics: MetricsSection = Field(default_factory=MetricsSection, description=(
+        "which latency percentiles to report"))
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
@@ -222,18 +260,6 @@ def _format_validation(path: Path | str, err: ValidationError) -> str:
     return f"{path}: {field}: {msg}"
 
 
-def _merged(raw: dict, changes: Mapping) -> dict:
-    """``changes`` laid over the scenario's fields: a nested mapping merges key by key into the
-    section it names, anything else (a number, a list, None for "the default") replaces."""
-    out = dict(raw)
-    for key, value in changes.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _merged(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def _dotted(changes: Mapping, prefix: str = "") -> list[str]:
     """``{"scheduler": {"host_kv_blocks": 8}}`` -> ``["scheduler.host_kv_blocks=8"]``."""
     out = []
@@ -262,7 +288,7 @@ def read_scenario(path: Path, changes: Mapping | None = None) -> Scenario:
         raise ScenarioError(f"{path}: expected a mapping of scenario fields at the top level")
     where = path
     if changes:
-        raw = _merged(raw, changes)
+        raw = merged(raw, changes)
         where = f"{path} with {', '.join(_dotted(changes))}"
     try:
         return Scenario.model_validate(raw)
