@@ -173,6 +173,41 @@ def capacity(
 
 
 @app.command()
+def export(
+    run_dir: Annotated[Path, typer.Argument(
+        help="a run directory (requests.parquet and summary.json), such as a sweep's point")],
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="directory for the files (default RUN_DIR)")] = None,
+    format_: Annotated[str, typer.Option(
+        "--format", help="the layout: vllm (the result JSON of vLLM's serving benchmark, "
+                         "`vllm bench serve --save-result`)")] = "vllm",
+) -> None:
+    """Write each policy's results of RUN_DIR in another tool's layout: vllm-<policy>.json."""
+    import json
+
+    from .records import read_records
+    from .vllm_export import vllm_result
+
+    if format_ != "vllm":
+        _fail(f"--format {format_!r}: the one layout is vllm")
+    try:
+        summaries = json.loads((run_dir / "summary.json").read_text())
+        records = read_records(run_dir / "requests.parquet")
+    except (OSError, ValueError) as e:
+        _fail(f"{run_dir}: not a run directory ({str(e).splitlines()[0]})")
+    if not isinstance(summaries, list):
+        _fail(f"{run_dir / 'summary.json'}: not a run's summary (a list of policies); rerun it "
+              f"with this version")
+    target = out or run_dir
+    target.mkdir(parents=True, exist_ok=True)
+    for s in summaries:
+        frame = records[records["policy"] == s["policy"]].reset_index(drop=True)
+        path = target / f"vllm-{s['policy']}.json"
+        path.write_text(json.dumps(vllm_result(frame, s), indent=2) + "\n")
+        typer.echo(f"{s['policy']}: {path}")
+
+
+@app.command()
 def plot(
     dirs: Annotated[list[Path], typer.Argument(
         help="a sweep directory (has sweep.csv) or a run directory (has requests.parquet and "

@@ -150,6 +150,7 @@ def profile_record(loaded: LoadedScenario) -> dict:
     if digest is None:
         digest = hashlib.sha256(loaded.profile.model_dump_json().encode()).hexdigest()
     return {"source": loaded.profile_source, "sha256": digest,
+            "model": loaded.profile.model.name, "box": loaded.profile.box.name,
             **loaded.profile.provenance.model_dump(mode="json")}
 
 
