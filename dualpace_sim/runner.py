@@ -14,10 +14,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
-from tqdm import tqdm
 
 from .metrics import longest_cpu_stall, summarize
 from .plots import plot_timeline
+from .progress import progress_bar
 from .provenance import parquet_metadata, provenance, scenario_hash
 from .records import records_frame, write_records
 from .scenario import LoadedScenario, load_scenario
@@ -37,8 +37,8 @@ def simulate(
     checkout, so that a worker (a Ray task on another machine) never looks for them."""
     n = len(loaded.requests)
     # delay=1: the bar appears only for runs that take more than a second.
-    with tqdm(total=n, desc=f"{loaded.spec.name}/{policy}", unit="req", delay=1.0,
-              disable=not progress, leave=False) as bar:
+    with progress_bar(progress, total=n, desc=f"{loaded.spec.name}/{policy}", unit="req",
+                      delay=1.0, leave=False) as bar:
         node = make_node(loaded.requests, loaded.cost, loaded.policy_config(policy),
                          loaded.neo_launch_s, on_finish=bar.update, trace=trace)
         output = node.run()

@@ -7,7 +7,9 @@ file, which field and what is allowed, because users edit these files by hand.
 
 from __future__ import annotations
 
+import difflib
 import functools
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -247,16 +249,44 @@ class LoadedScenario:
         return self.cost.neo_launch_s if given is None else given
 
 
+def _section_model(loc: tuple) -> type[BaseModel] | None:
+    """The model whose keys are allowed at ``loc`` (a validation error's location, its last
+    part the offending key): Scenario, or the section the path leads into."""
+    model: type[BaseModel] | None = Scenario
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part)) if model is not None else None
+        if field is None:
+            return None
+        candidates = [field.annotation, *typing.get_args(field.annotation)]
+        model = next((c for c in candidates if isinstance(c, type) and
+                      issubclass(c, BaseModel)), None)
+    return model
+
+
+def _unknown_key(loc: tuple) -> str:
+    """'unknown key; did you mean X?', or the keys allowed there when nothing is close."""
+    model = _section_model(loc)
+    if model is None:
+        return "unknown key"
+    known = list(model.model_fields)
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    if close:
+        return f"unknown key; did you mean {close[0]}?"
+    return f"unknown key; allowed here: {', '.join(known)} (docs: reference/scenario.md)"
+
+
 def _format_validation(path: Path | str, err: ValidationError) -> str:
     first = err.errors()[0]
     field = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    msg = first["msg"]
+    # A validator's message comes as "Value error, ..."; the prefix says nothing to a user.
+    msg = first["msg"].removeprefix("Value error, ")
+    value = first.get("input")
     if first["type"] == "extra_forbidden":
-        msg = "unknown key; check the spelling against the scenario reference in README.md"
+        msg = _unknown_key(first["loc"])
     elif first["type"] == "literal_error":
-        msg = f"{msg} (got {first.get('input')!r})"
-    elif "input" in first and first["type"] not in ("missing",):
-        msg = f"{msg} (got {first['input']!r})"
+        msg = f"{msg} (got {value!r})"
+    elif "input" in first and first["type"] != "missing" and not isinstance(value, dict):
+        msg = f"{msg} (got {value!r})"  # a whole section (a mapping) is not echoed
     return f"{path}: {field}: {msg}"
 
 
@@ -271,6 +301,16 @@ def _dotted(changes: Mapping, prefix: str = "") -> list[str]:
     return out
 
 
+def yaml_error_text(e: yaml.YAMLError) -> str:
+    """PyYAML's error as one line that keeps where it is: "not valid YAML at line 3, column 9:
+    expected ',' or '}', but got '<stream end>'"."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    if mark is None:
+        return f"not valid YAML: {problem}"
+    return f"not valid YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+
+
 def read_scenario(path: Path, changes: Mapping | None = None) -> Scenario:
     """Parse and validate the YAML file without loading anything it refers to.
 
@@ -283,7 +323,7 @@ def read_scenario(path: Path, changes: Mapping | None = None) -> Scenario:
     except FileNotFoundError:
         raise ScenarioError(f"{path}: no such scenario file") from None
     except yaml.YAMLError as e:
-        raise ScenarioError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+        raise ScenarioError(f"{path}: {yaml_error_text(e)}") from None
     if not isinstance(raw, dict):
         raise ScenarioError(f"{path}: expected a mapping of scenario fields at the top level")
     where = path

@@ -1,27 +1,37 @@
-"""`dualpace-sim sweep`: every (policy, offered rate) point of a scenario, in parallel, resumable.
+"""`dualpace-sim sweep`: every (policy, offered rate, grid setting, seed) point of a scenario,
+in parallel, resumable.
 
-Layout of a sweep directory::
+Layout of a sweep directory (every column and key: docs' output reference)::
 
-    DIR/sweep.json                  what was swept: scenario, its hash, policies, rates, targets
-    DIR/points/<policy>@<rate>/     one point, written as soon as it finishes
-        requests.parquet            per-request records (see records.py)
-        summary.json                metrics + controls + engine counters + scenario_hash
+    DIR/sweep.json                  what was swept: scenario, its hash, policies, rates, grid,
+                                    targets, --set changes, code version, provenance
+    DIR/points/<policy>@<rate>[,<key>=<value>...]/
+                                    one point, written as soon as it finishes
+        requests.parquet            per-request records (see records.py), provenance metadata
+        summary.json                a list of one summary, the shape of `run`'s
         error.txt                   only when the point failed (the worker's traceback)
-    DIR/sweep.csv                   one row per finished point, sorted by policy then rate
-    DIR/sustainable.csv             policy, metric, target, rate (sustainable request rate)
+    DIR/sweep.csv                   one row per finished point, sorted by policy, setting, rate
+    DIR/sustainable.csv             policy, grid keys, metric, target, rate (sustainable rate)
+    DIR/sweep_ci.csv                with seeds: each metric's mean over seeds and its interval
 
 A point counts as finished when its ``summary.json`` exists; both of its files are written to a
 temporary name and renamed, the summary last, so a killed sweep never leaves a half-written point
 and rerunning the same command computes only what is missing. Every point and ``sweep.json``
-carry a hash of the scenario file and the files it refers to (profile, roofline spec/model,
-trace), so results of an edited scenario are never mixed with old ones.
+carry a hash of the scenario file, the files it refers to (profile, roofline spec/model, trace)
+and the ``--set`` changes, and the simulator's version (:func:`provenance.code_version`), so
+results of an edited scenario or of another simulator are never mixed with old ones.
 
-This process loads the scenario once per rate, hands each point to an executor
+A grid (``sweep.grid``: dotted scenario keys and their values) and seeds (``sweep.seeds``, the
+grid key ``workload.seed``) multiply the points; a seed is a replicate, so sustainable rates are
+read off the mean over seeds and bounded by bootstrap intervals (:mod:`dualpace_sim.variance`).
+
+This process loads the scenario once per (rate, setting), hands each point to an executor
 (:mod:`dualpace_sim.executors`: worker processes of this machine, or Ray tasks on a cluster) that
 runs :func:`compute_point` (:func:`dualpace_sim.runner.simulate`) and returns the records and
-summary, and writes each point as it comes back (:func:`write_point`). So every executor gives
-the same files, byte for byte, and workers never touch the file system. With one worker the
-points run in this process, one after another (also what tests use to monkeypatch).
+summary, and writes each point as it comes back (:func:`write_point`), adding its hash and
+provenance. So every executor gives the same files, byte for byte, and workers never touch the
+file system. With one worker the points run in this process, one after another (also what tests
+use to monkeypatch).
 """
 
 from __future__ import annotations
@@ -36,11 +46,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-from tqdm import tqdm
 
 from .executors import InProcess, ProcessPool, RayCluster
 from .metrics import sustainable_rate
 from .overrides import Setting, grid_settings, merged, nested, setting_text
+from .progress import progress_bar
 from .provenance import (
     code_version,
     describe_version,
@@ -459,8 +469,8 @@ def run_sweep(
     try:
         if todo:
             with executor:
-                bar = tqdm(total=len(grid), initial=len(grid) - len(todo), unit="point",
-                           desc=f"sweep {spec.name}", disable=not progress, leave=False)
+                bar = progress_bar(progress, total=len(grid), initial=len(grid) - len(todo),
+                                   unit="point", desc=f"sweep {spec.name}", leave=False)
                 calls = [(loads[rate, setting], policy) for policy, rate, setting in todo]
                 for index, result in executor.run(compute_point, calls):
                     on_result(todo[index], result)

@@ -13,6 +13,7 @@ only the standard library, because the simulator (`dualpace-sim run`) and the re
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 from collections.abc import Hashable, Sequence
@@ -119,11 +120,19 @@ class TraceRecorder:
 
 
 def write_trace(path: Path, recorders: Sequence[TraceRecorder]) -> None:
-    """Write one trace file holding each recorder as its own process (pid 1, 2, ...)."""
+    """Write one trace file holding each recorder as its own process (pid 1, 2, ...); gzip
+    when the name ends in ``.gz`` (Perfetto opens it as it is), with no timestamp in the gzip
+    header, so identical runs still give identical files."""
     events = [e for pid, rec in enumerate(recorders, 1) for e in rec.events(pid)]
     text = json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}, separators=(",", ":"))
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)  # json.dumps, not json.dump: dump streams through pure Python
+    # json.dumps, not json.dump: dump streams through pure Python
+    if path.suffix == ".gz":
+        with path.open("wb") as f, gzip.GzipFile(fileobj=f, mode="wb", mtime=0,
+                                                 filename="") as gz:
+            gz.write(text.encode())
+    else:
+        path.write_text(text)
 
 
 def _ns(seconds: float) -> int:

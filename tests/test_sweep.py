@@ -251,3 +251,11 @@ def test_bad_grid_keys_exit_2(write_scenario, tmp_path, grid, expected):
     result = sweep_cli(path, "--out", tmp_path / "sw")
     assert result.exit_code == 2, result.output
     assert len(result.output.strip().splitlines()) == 1 and expected in result.output
+
+
+def test_progress_bars_stay_out_of_logs(scenario, tmp_path):
+    """CliRunner's streams are not terminals, as a CI log or `> file` is not: no bar."""
+    result = sweep_cli(scenario, "--out", tmp_path / "sw", "--workers", 1)
+    assert result.exit_code == 0, result.output
+    assert "\r" not in result.output and "point/s" not in result.output
+    assert "sustainable request rate" in result.output
