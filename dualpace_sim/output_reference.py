@@ -66,12 +66,18 @@ SUMMARY: list[Row] = [
     ("median_<latency>_s", "s", "median of the latency"),
     ("std_<latency>_s", "s", "standard deviation of the latency (population, as numpy's)"),
     ("p<P>_<latency>_s", "s", "the P-th percentile of the latency (numpy's linear one)"),
+    ("gpu_utilisation", "", "share of the run (0-1) the GPU worker was busy"),
+    ("cpu_utilisation", "", "share of the run the CPU engine was busy"),
+    ("pcie_h2d_utilisation", "", "host-to-GPU bytes over what the profile's bandwidth moves in "
+                                 "the run's time"),
+    ("pcie_d2h_utilisation", "", "GPU-to-host bytes, likewise"),
     ("longest_cpu_stall_s", "s", "longest stretch with a CPU-resident request and no CPU "
                                  "token (NaN without CPU-resident requests)"),
     ("controls", "", "each control the policy ran with: {value, source}"),
     ("capacities", "", "gpu_kv_blocks, host_kv_blocks and block_size of the KV pools"),
     ("profile", "", "the profile's source and method (measured or roofline)"),
     ("engine", "", "the engines' counters; see the table below"),
+
     ("scenario_hash", "", "sha256 of the scenario file, the files it names and any --set"),
     ("provenance", "", "how the result was made; see the table below"),
 ]
@@ -181,6 +187,10 @@ TRACE_TRACKS: list[Row] = [
     ("PCIe H2D", "slices", "host to GPU copies: swap-ins"),
     ("PCIe D2H", "slices", "GPU to host copies: swap-outs, Prefill-to-CPU layer copies"),
     ("migration", "arrows", "flow from a transfer to the round that next computes the request"),
+    ("requests", "counter", "`dualpace-sim run`: waiting (arrived, no token yet) and decoding "
+                            "(between first and last token) requests"),
+    ("KV blocks held", "counter", "`dualpace-sim run`: gpu_kv_blocks and host_kv_blocks held "
+                                  "by requests, rebuilt from the records"),
 ]
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .metrics import longest_cpu_stall, summarize
@@ -22,6 +23,7 @@ from .provenance import parquet_metadata, provenance, scenario_hash
 from .records import records_frame, write_records
 from .scenario import LoadedScenario, load_scenario
 from .sim import make_node
+from .state_series import state_series
 from .trace_events import TraceRecorder, write_trace
 
 
@@ -56,9 +58,27 @@ def simulate(
                        "block_size": loaded.config.block_size},
         "profile": {"source": loaded.profile_source,
                     "method": loaded.profile.provenance.method},
+        **utilisation(output.stats, loaded),
         "engine": asdict(output.stats),
     }
     return frame, summary
+
+
+UTILISATION_KEYS = ("gpu_utilisation", "cpu_utilisation", "pcie_h2d_utilisation",
+                    "pcie_d2h_utilisation")
+
+
+def utilisation(stats, loaded: LoadedScenario) -> dict[str, float]:
+    """Busy share of each engine over the run (0 to 1): the GPU worker (batches and assists),
+    the CPU engine, and each PCIe direction (bytes moved over what the profile's bandwidth
+    could move in the run's time)."""
+    end, link = stats.end_s, loaded.profile.link
+    if end <= 0:
+        return dict.fromkeys(UTILISATION_KEYS, math.nan)
+    return dict(zip(UTILISATION_KEYS, (
+        stats.gpu_busy_s / end, stats.cpu_busy_s / end,
+        stats.h2d_bytes / (link.h2d_bytes_per_s * end),
+        stats.d2h_bytes / (link.d2h_bytes_per_s * end)), strict=True))
 
 
 def _controls(loaded: LoadedScenario, policy: str) -> dict:
@@ -73,6 +93,24 @@ def _controls(loaded: LoadedScenario, policy: str) -> dict:
         out["launch_s"] = {"value": loaded.neo_launch_s, "source": "scenario" if given else
                            f"profile ({loaded.profile.provenance.method})"}
     return out
+
+
+# Counter tracks of a timeline trace: track -> the state_series columns it plots.
+COUNTER_TRACKS = {"requests": ("waiting", "decoding"),
+                  "KV blocks held": ("gpu_kv_blocks", "host_kv_blocks")}
+
+
+def record_state_counters(trace: TraceRecorder, frame: pd.DataFrame, block_size: int) -> None:
+    """The queue and KV series that `dualpace-sim plot` draws (:func:`state_series`), as
+    counter tracks of the run's trace, a sample where any value changes."""
+    series = state_series(frame, block_size)
+    columns = [c for cols in COUNTER_TRACKS.values() for c in cols]
+    values = series[columns].to_numpy()
+    changed = np.ones(len(series), dtype=bool)
+    changed[1:] = (values[1:] != values[:-1]).any(axis=1)
+    for row in series[changed].itertuples(index=False):
+        for track, cols in COUNTER_TRACKS.items():
+            trace.counter(track, row.time_s, **{c: int(getattr(row, c)) for c in cols})
 
 
 def stamp(summary: dict, digest: str, record: dict) -> dict:
@@ -108,6 +146,8 @@ def run_scenario(
     for policy in loaded.spec.policies:
         trace = None if trace_events is None else TraceRecorder(f"{loaded.spec.name}: {policy}")
         frame, summary = simulate(loaded, policy, progress, trace)
+        if trace is not None:
+            record_state_counters(trace, frame, loaded.config.block_size)
         frames[policy] = frame
         summaries.append(stamp(summary, digest, record))
         write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet",

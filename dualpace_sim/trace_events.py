@@ -54,6 +54,7 @@ class TraceRecorder:
         # (source track, source s, destination track, destination s) per arrow
         self._flows: list[tuple[str, float, str, float]] = []
         self._open_flows: dict[Hashable, tuple[str, float]] = {}  # key -> (source track, s)
+        self._counters: list[tuple[str, float, dict]] = []  # (counter track, s, {series: value})
 
     def complete(self, track: str, name: str, start_s: float, end_s: float, **args) -> None:
         """A slice from `start_s` to `end_s` on `track`; `args` show in the viewer's details."""
@@ -81,6 +82,12 @@ class TraceRecorder:
             source = self._open_flows.pop(key, None)
             if source is not None:
                 self._flows.append((*source, track, at_s))
+
+    def counter(self, name: str, at_s: float, **values: float) -> None:
+        """A sample of the counter track ``name`` (Perfetto draws it as a step plot): each of
+        ``values`` is one series of the track, holding until the next sample."""
+        with self._lock:
+            self._counters.append((name, at_s, values))
 
     def events(self, pid: int) -> list[dict]:
         """This node's events in the Trace Event Format, as process `pid`. Times are rounded to
@@ -110,6 +117,9 @@ class TraceRecorder:
             if args:
                 event["args"] = args
             out.append(event)
+        for name, at_s, values in self._counters:
+            out.append({"ph": "C", "pid": pid, "name": name, "ts": _ns(at_s) / 1000,
+                        "args": values})
         for n, (src_track, src_s, dst_track, dst_s) in enumerate(self._flows):
             flow = {"name": MIGRATION, "cat": MIGRATION, "id": pid * _FLOW_IDS_PER_PROCESS + n,
                     "pid": pid}

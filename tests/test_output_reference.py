@@ -11,6 +11,7 @@ import yaml
 from dualpace_sim import output_reference as ref
 from dualpace_sim.capacity import COLUMNS as CAPACITY_COLUMNS
 from dualpace_sim.records import RECORDS_SCHEMA
+from dualpace_sim.runner import COUNTER_TRACKS
 from dualpace_sim.sweep import run_sweep
 from dualpace_sim.trace_events import MIGRATION, TRACKS
 from dualpace_sim.validate import COLUMNS as VALIDATION_COLUMNS
@@ -71,4 +72,4 @@ def test_sweep_csvs_are_described(swept):
 def test_fixed_tables_are_described():
     assert list(CAPACITY_COLUMNS) == names(ref.CAPACITY_CSV)
     assert list(VALIDATION_COLUMNS) == names(ref.VALIDATION_CSV)
-    assert [*TRACKS, MIGRATION] == names(ref.TRACE_TRACKS)
+    assert [*TRACKS, MIGRATION, *COUNTER_TRACKS] == names(ref.TRACE_TRACKS)
