@@ -10,7 +10,8 @@ the statistics and seconds for the per-request lists, as vLLM's is.
 Differences, because a simulation is not a client: ``generated_texts`` are empty strings (there
 are no tokens' texts); ``duration`` is the run's makespan (first arrival to last token); a
 request that did not produce all its tokens is a failure with an ``errors`` entry, as a failed
-request is in vLLM; ``request_goodput`` uses the scenario's targets (metrics.good_requests).
+request is in vLLM; ``request_goodput`` uses the scenario's targets (metrics.good_requests), and
+is null, as vLLM's without ``--goodput``, for a run whose summary records no scenario.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from .metrics import LATENCIES, percentile_word, serving_metrics
+from .metrics import DEFAULT_PERCENTILES, LATENCIES, percentile_word, serving_metrics
 
 # The keys vLLM's benchmark writes before the per-latency statistics, in its order.
 HEAD_KEYS = (
@@ -41,8 +42,8 @@ def vllm_result(df: pd.DataFrame, summary: dict) -> dict:
     would have saved them."""
     record = summary.get("provenance") or {}
     scenario = record.get("scenario") or {}
-    percentiles = (scenario.get("metrics") or {}).get("percentiles") or [99.0]
-    targets = scenario.get("targets") or {}
+    percentiles = (scenario.get("metrics") or {}).get("percentiles") or DEFAULT_PERCENTILES
+    targets = scenario.get("targets")  # None for a run without provenance (no SLOs known)
     window = float(summary["makespan_s"])
     native = serving_metrics(df, window, percentiles, targets)
     n_tokens = df["n_tokens"].to_numpy(dtype=np.int64)
@@ -63,7 +64,7 @@ def vllm_result(df: pd.DataFrame, summary: dict) -> dict:
         "total_input_tokens": int(df["prompt_tokens"].to_numpy(dtype=np.int64)[done].sum()),
         "total_output_tokens": int(n_tokens[done].sum()),
         "request_throughput": native["request_throughput_req_s"],
-        "request_goodput": native["goodput_req_s"],
+        "request_goodput": native["goodput_req_s"] if targets else None,  # as without --goodput
         "output_throughput": int(n_tokens[done].sum()) / window if window > 0 else None,
         "total_token_throughput": native["total_token_throughput_tok_s"],
         "input_lens": [int(v) for v in df["prompt_tokens"]],

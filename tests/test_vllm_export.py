@@ -60,3 +60,22 @@ def test_export_refuses_what_is_not_a_run_directory(tmp_path):
     assert result.exit_code == 2 and result.output.startswith(f"error: {tmp_path}: not a run")
     bad = runner.invoke(app, ["export", str(tmp_path), "--format", "csv"])
     assert bad.exit_code == 2 and "--format 'csv'" in bad.output
+
+
+def test_a_run_without_provenance_exports_the_default_percentiles_and_no_goodput(tmp_path):
+    """A real run's summary (dualpace-hw) records no scenario: no SLOs, vLLM's null goodput."""
+    from types import SimpleNamespace
+
+    from dualpace_sim.records import records_frame, write_records
+    from dualpace_sim.vllm_export import vllm_result
+
+    reqs = [SimpleNamespace(req_id=i, arrival_s=float(i), prompt_tokens=5, max_tokens=2,
+                            token_times=[i + 0.5, i + 0.75], token_owners=bytearray(2),
+                            migrations=[]) for i in range(3)]
+    frame = records_frame(reqs, "vllm")
+    write_records(frame, tmp_path / "requests.parquet")
+    result = vllm_result(frame, {"policy": "vllm", "submitted": 3, "rate": None,
+                                 "makespan_s": 2.75})
+    assert result["request_goodput"] is None and result["completed"] == 3
+    assert result["p95_tpot_ms"] == pytest.approx(250.0) and "p90_e2el_ms" in result
+    assert result["output_throughput"] == pytest.approx(6 / 2.75)
