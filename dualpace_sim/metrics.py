@@ -65,6 +65,17 @@ def itl_values(df: pd.DataFrame) -> np.ndarray:
     return gaps[keep]
 
 
+def request_arrays(
+    df: pd.DataFrame,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per request: arrival, first-token and last-token times, tokens produced, and whether it
+    completed (produced all its max_tokens, at least one)."""
+    n_tokens = df["n_tokens"].to_numpy(dtype=np.int64)
+    done = (n_tokens == df["max_tokens"].to_numpy(dtype=np.int64)) & (n_tokens > 0)
+    return (df["arrival_s"].to_numpy(dtype=float), df["first_token_s"].to_numpy(dtype=float),
+            df["finish_s"].to_numpy(dtype=float), n_tokens, done)
+
+
 def summarize(
     df: pd.DataFrame,
     duration_s: float | None = None,
@@ -80,11 +91,7 @@ def summarize(
     """
     if df["policy"].nunique() > 1:
         raise ValueError("summarize takes the records of one policy; group by 'policy' first")
-    arrival = df["arrival_s"].to_numpy(dtype=float)
-    first = df["first_token_s"].to_numpy(dtype=float)
-    finish = df["finish_s"].to_numpy(dtype=float)
-    n_tokens = df["n_tokens"].to_numpy(dtype=np.int64)
-    done = (n_tokens == df["max_tokens"].to_numpy(dtype=np.int64)) & (n_tokens > 0)
+    arrival, first, finish, n_tokens, done = request_arrays(df)
     multi = done & (n_tokens > 1)
     ttft = ttft_values(df)
     total_tokens = int(n_tokens.sum())
@@ -118,11 +125,7 @@ def latency_values(df: pd.DataFrame) -> dict[str, np.ndarray]:
     TTFT over every request that produced a token, ITL over every gap between consecutive
     tokens of a request, TPOT and end-to-end latency over completed requests (TPOT only those
     with more than one token)."""
-    arrival = df["arrival_s"].to_numpy(dtype=float)
-    first = df["first_token_s"].to_numpy(dtype=float)
-    finish = df["finish_s"].to_numpy(dtype=float)
-    n_tokens = df["n_tokens"].to_numpy(dtype=np.int64)
-    done = (n_tokens == df["max_tokens"].to_numpy(dtype=np.int64)) & (n_tokens > 0)
+    arrival, first, finish, n_tokens, done = request_arrays(df)
     multi = done & (n_tokens > 1)
     return {
         "ttft": ttft_values(df),
@@ -137,11 +140,7 @@ def good_requests(df: pd.DataFrame, slos: Mapping[str, float]) -> int:
     :data:`GOODPUT_SLOS` names: TTFT, TPOT (requests of one token have none, and pass it) and
     end-to-end latency per output token. A fleet-wide target (P99 ITL) has no per-request
     form and does not enter. With no such target every completed request is good."""
-    arrival = df["arrival_s"].to_numpy(dtype=float)
-    first = df["first_token_s"].to_numpy(dtype=float)
-    finish = df["finish_s"].to_numpy(dtype=float)
-    n_tokens = df["n_tokens"].to_numpy(dtype=np.int64)
-    good = (n_tokens == df["max_tokens"].to_numpy(dtype=np.int64)) & (n_tokens > 0)
+    arrival, first, finish, n_tokens, good = request_arrays(df)
     with np.errstate(invalid="ignore", divide="ignore"):
         per_request = {
             "ttft": first - arrival,
@@ -164,8 +163,7 @@ def serving_metrics(
     request, output-token and total-token throughput; mean, median, std (population, as numpy
     and vLLM) and each of ``percentiles`` of every latency of :data:`LATENCIES`; and the
     goodput, completed requests per second that meet the ``slos`` (:func:`good_requests`)."""
-    n_tokens = df["n_tokens"].to_numpy(dtype=np.int64)
-    done = (n_tokens == df["max_tokens"].to_numpy(dtype=np.int64)) & (n_tokens > 0)
+    *_, n_tokens, done = request_arrays(df)
     prefilled = df["prompt_tokens"].to_numpy(dtype=np.int64)[n_tokens > 0].sum()
     rate = (lambda count: count / window_s) if window_s > 0 else (lambda count: math.nan)
     good = good_requests(df, slos or {})

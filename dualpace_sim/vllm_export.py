@@ -22,7 +22,13 @@ import math
 import numpy as np
 import pandas as pd
 
-from .metrics import DEFAULT_PERCENTILES, LATENCIES, percentile_word, serving_metrics
+from .metrics import (
+    DEFAULT_PERCENTILES,
+    LATENCIES,
+    percentile_word,
+    request_arrays,
+    serving_metrics,
+)
 
 # The keys vLLM's benchmark writes before the per-latency statistics, in its order.
 HEAD_KEYS = (
@@ -46,8 +52,7 @@ def vllm_result(df: pd.DataFrame, summary: dict) -> dict:
     targets = scenario.get("targets")  # None for a run without provenance (no SLOs known)
     window = float(summary["makespan_s"])
     native = serving_metrics(df, window, percentiles, targets)
-    n_tokens = df["n_tokens"].to_numpy(dtype=np.int64)
-    done = (n_tokens == df["max_tokens"].to_numpy(dtype=np.int64)) & (n_tokens > 0)
+    *_, n_tokens, done = request_arrays(df)
     times = df["token_times_s"]
     model = (record.get("profile") or {}).get("model")
     result = {
