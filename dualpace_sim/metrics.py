@@ -91,9 +91,9 @@ def summarize(
     """
     if df["policy"].nunique() > 1:
         raise ValueError("summarize takes the records of one policy; group by 'policy' first")
-    arrival, first, finish, n_tokens, done = request_arrays(df)
-    multi = done & (n_tokens > 1)
-    ttft = ttft_values(df)
+    arrival, _, finish, n_tokens, done = request_arrays(df)
+    values = latency_values(df)  # once: the headline and the full set share them
+    ttft = values["ttft"]
     total_tokens = int(n_tokens.sum())
     cpu_tokens = "".join(df["token_owners"]).count("C")
     makespan = float(np.nanmax(finish) - arrival.min()) if total_tokens else math.nan
@@ -105,13 +105,14 @@ def summarize(
         "mean_ttft_s": _nan_stat(ttft),
         "p50_ttft_s": _nan_stat(ttft, 50),
         "p99_ttft_s": _nan_stat(ttft, 99),
-        "p99_itl_s": _nan_stat(itl_values(df), 99),
-        "p99_tpot_s": _nan_stat((finish[multi] - first[multi]) / (n_tokens[multi] - 1), 99),
+        "p99_itl_s": _nan_stat(values["itl"], 99),
+        "p99_tpot_s": _nan_stat(values["tpot"], 99),
         "throughput_tok_s": total_tokens / window if window > 0 else math.nan,
         "cpu_token_fraction": cpu_tokens / total_tokens if total_tokens else math.nan,
         "makespan_s": makespan,
     }
-    return {**headline, **serving_metrics(df, window, percentiles, slos)}
+    return {**headline, **throughput_metrics(df, window, slos),
+            **latency_stats(values, percentiles)}
 
 
 def percentile_word(p: float) -> str:
@@ -160,26 +161,42 @@ def serving_metrics(
     slos: Mapping[str, float] | None = None,
 ) -> dict[str, float | int]:
     """The metric set of vLLM's serving benchmark, in seconds, over a window of ``window_s``:
-    request, output-token and total-token throughput; mean, median, std (population, as numpy
-    and vLLM) and each of ``percentiles`` of every latency of :data:`LATENCIES`; and the
-    goodput, completed requests per second that meet the ``slos`` (:func:`good_requests`)."""
+    :func:`throughput_metrics` and :func:`latency_stats` of every latency."""
+    return {**throughput_metrics(df, window_s, slos),
+            **latency_stats(latency_values(df), percentiles)}
+
+
+def throughput_metrics(
+    df: pd.DataFrame, window_s: float, slos: Mapping[str, float] | None = None
+) -> dict[str, float | int]:
+    """Request, output-token and total-token throughput over ``window_s``, and the goodput:
+    completed requests per second that meet the ``slos`` (:func:`good_requests`)."""
     *_, n_tokens, done = request_arrays(df)
     prefilled = df["prompt_tokens"].to_numpy(dtype=np.int64)[n_tokens > 0].sum()
     rate = (lambda count: count / window_s) if window_s > 0 else (lambda count: math.nan)
     good = good_requests(df, slos or {})
-    out: dict[str, float | int] = {
+    return {
         "request_throughput_req_s": rate(int(done.sum())),
         "output_throughput_tok_s": rate(int(n_tokens.sum())),
         "total_token_throughput_tok_s": rate(int(n_tokens.sum() + prefilled)),
         "good_requests": good,
         "goodput_req_s": rate(good),
     }
-    for name, values in latency_values(df).items():
-        out[f"mean_{name}_s"] = _nan_stat(values)
-        out[f"median_{name}_s"] = _nan_stat(values, 50)
-        out[f"std_{name}_s"] = float(values.std()) if values.size else math.nan
-        for p in percentiles:
-            out[f"p{percentile_word(p)}_{name}_s"] = _nan_stat(values, float(p))
+
+
+def latency_stats(values: Mapping[str, np.ndarray],
+                  percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
+    """Mean, median, std (population, as numpy and vLLM) and each of ``percentiles`` (numpy's
+    linear ones) of each latency of ``values`` (:func:`latency_values`); NaN where empty."""
+    out: dict[str, float] = {}
+    qs = [50.0, *(float(p) for p in percentiles)]
+    for name, v in values.items():
+        picked = np.percentile(v, qs) if v.size else np.full(len(qs), math.nan)
+        out[f"mean_{name}_s"] = _nan_stat(v)
+        out[f"median_{name}_s"] = float(picked[0])
+        out[f"std_{name}_s"] = float(v.std()) if v.size else math.nan
+        for p, value in zip(percentiles, picked[1:], strict=True):
+            out[f"p{percentile_word(p)}_{name}_s"] = float(value)
     return out
 
 
