@@ -113,7 +113,8 @@ PROVENANCE: list[Row] = [
     ("scenario", "", "the resolved scenario: every field after defaults, --set and the rate, "
                      "scheduler holding the resolved pools and controls"),
     ("profile", "", "the profile's source, sha256, model, box and its own provenance block"),
-    ("trace", "", "path and sha256 of the trace file the workload replays (null otherwise)"),
+    ("trace", "", "path and sha256 of the trace file the workload replays (its path, or the "
+                  "local copy of a registered trace); nulls for the default sampler"),
     ("requests_sha256", "", "sha256 of the request list (arrival, prompt, output length)"),
     ("seeds", "", "the seeds: workload (arrivals and sampled lengths)"),
 ]

@@ -25,6 +25,9 @@ from importlib.metadata import version as installed_version
 from pathlib import Path
 
 from .scenario import LoadedScenario, Scenario, read_scenario
+from .workload import trace_entry
+from .workload.fetch import file_sha256 as streamed_sha256
+from .workload.fetch import local_copy
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -121,7 +124,17 @@ def scenario_hash(path: Path | str, changes: Mapping | None = None) -> str:
 
 
 def file_sha256(path: Path) -> str | None:
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    """sha256 of a file (None when there is none), computed once per process for each size
+    and modification time: a sweep's points share their trace."""
+    if not path.is_file():
+        return None
+    stat = path.stat()
+    return _hashed(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _hashed(path: str, size: int, mtime_ns: int) -> str:
+    return streamed_sha256(Path(path))
 
 
 def requests_sha256(loaded: LoadedScenario) -> str:
@@ -155,12 +168,15 @@ def profile_record(loaded: LoadedScenario) -> dict:
 
 
 def trace_file(loaded: LoadedScenario) -> Path | None:
-    """The trace file a workload replays, when it names one (source azure/vidur/mooncake with
-    a path); downloads and the default sampler are pinned by the request hash instead."""
-    path = loaded.spec.workload.path
-    if path is None:
+    """The trace file a workload replays: its path, or the local copy of a registered or
+    downloaded trace; None for the default sampler (pinned by the request hash)."""
+    w = loaded.spec.workload
+    if w.path is not None:
+        return _resolve(loaded.path.parent, w.path)
+    if w.source == "default":
         return None
-    return _resolve(loaded.path.parent, path)
+    name = w.trace if w.source == "trace" else f"azure-2023-{w.trace}"
+    return local_copy(trace_entry(name))
 
 
 def provenance(loaded: LoadedScenario) -> dict:

@@ -11,6 +11,7 @@ import dualpace_sim.sweep as sweep_mod
 from dualpace_sim import provenance as prov
 from dualpace_sim.cli import app
 from dualpace_sim.records import read_metadata
+from dualpace_sim.scenario import load_scenario
 from dualpace_sim.sweep import point_name
 
 runner = CliRunner()
@@ -108,3 +109,14 @@ def test_source_hash_follows_the_package_files(tmp_path, monkeypatch):
         assert prov.source_hash() != before
     finally:
         prov.source_hash.cache_clear()
+
+
+def test_a_registered_trace_is_hashed_from_its_local_copy(write_scenario, tmp_path, azure_dir,
+                                                          monkeypatch):
+    monkeypatch.setenv("DUALPACE_AZURE_DIR", str(azure_dir))
+    path = write_scenario(workload={"source": "azure", "trace": "conv", "num_requests": 5,
+                                    "rate": 2.0})
+    record = prov.provenance(load_scenario(path))
+    copy = azure_dir / "AzureLLMInferenceTrace_conv.csv"
+    assert record["trace"] == {"path": str(copy), "sha256": prov.file_sha256(copy)}
+    assert len(record["trace"]["sha256"]) == 64
