@@ -43,7 +43,9 @@ def profile(
     gpu_kv_gib: Annotated[float | None, typer.Option(
         help="GPU KV budget (in all, over the --gpu-tp GPUs)")] = None,
     host_kv_gib: Annotated[float | None, typer.Option(help="host KV budget")] = None,
-    gpu_device: Annotated[str, typer.Option(help="'cuda', or 'cpu' for tests")] = "cuda",
+    gpu_device: Annotated[str, typer.Option(
+        "--device", "--gpu-device", help="the GPU path's device: 'cuda', or 'cpu' for tests "
+                                         "(--gpu-device is the older name)")] = "cuda",
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
 ) -> None:
     """Measure every table of a calibration profile with the runtime's executors, write it with
@@ -61,7 +63,7 @@ def profile(
 
     try:
         check_cpu_cores(cpu_cores)
-        check_device(gpu_device, "--gpu-device")
+        check_device(gpu_device, "--device")
         check_out_file(out)
         check_kv_gib(gpu_kv_gib, host_kv_gib)
     except ArgumentError as e:
@@ -92,7 +94,10 @@ def profile(
 def run(
     scenario: Annotated[Path, typer.Argument(help="scenario YAML (its profile names the model)")],
     out: Annotated[str, typer.Option(help="directory for results")],
-    device: Annotated[str, typer.Option(help="'cuda', or 'cpu' for tests")] = "cuda",
+    device: Annotated[str, typer.Option(
+        "--device", "--gpu-device", help="the GPU engine's device: 'cuda', or 'cpu' for tests "
+                                         "(--gpu-device: the same, as `profile` once named "
+                                         "it)")] = "cuda",
     cpu_cores: Annotated[int | None, typer.Option(help="cores for the CPU engine")] = None,
     cpu_tp: Annotated[int, typer.Option(
         min=1, help="CPU tensor-parallel ranks (processes over Gloo, splitting the heads and "
@@ -157,10 +162,11 @@ def run(
 def _command_line(params: dict) -> str:
     """The profile command as a user would retype it, for the profile's provenance."""
     words = ["dualpace-hw", "profile"]
+    flags = {"gpu_device": "--device"}  # the option's name where it is not the parameter's
     for name in ("model", "out", "box", "cpu_cores", "cpu_tp", "gpu_tp", "gpu_kv_gib",
                  "host_kv_gib", "gpu_device"):
         if params[name] is not None:
-            words += [f"--{name.replace('_', '-')}", str(params[name])]
+            words += [flags.get(name, f"--{name.replace('_', '-')}"), str(params[name])]
     return shlex.join(words + (["--quick"] if params["quick"] else []))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import socket
 from pathlib import Path
 
@@ -114,11 +115,13 @@ def rank_cores(cores: list[int], world: int, nodes: list[set[int]] | None = None
     return [tuple(cores[r * per:(r + 1) * per]) for r in range(world)]
 
 
-def onednn_version() -> str | None:
-    for line in torch.__config__.show().splitlines():
-        if "oneDNN" in line or "MKLDNN" in line:
-            return line.strip().lstrip("- ")
-    return None
+def onednn_version(config: str | None = None) -> str | None:
+    """The oneDNN version torch was built with, e.g. ``3.12.0``, from its build configuration
+    (``torch.__config__.show()``: "Intel(R) MKL-DNN v3.12.0 (Git Hash ...)", or "oneDNN" in
+    other builds); None when torch was built without it."""
+    text = torch.__config__.show() if config is None else config
+    found = re.search(r"(?:oneDNN|MKL-DNN)\s+v?(\d+(?:\.\d+)+)", text)
+    return found.group(1) if found else None
 
 
 def provenance(device: torch.device, threads: int, command: str, date: str) -> dict:

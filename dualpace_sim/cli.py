@@ -51,6 +51,19 @@ def _write_error(e: OSError, out: Path) -> str:
     """One line for a failed write of results into `out`; Arrow's errors carry no file name."""
     reason = e.strerror or (str(e).splitlines() or [type(e).__name__])[0]
     return f"{e.filename or out}: cannot write the results: {reason}"
+SET_HELP = ("change a scenario field without editing the file: a dotted key and a YAML value, "
+            "e.g. --set scheduler.host_kv_blocks=4096 --set workload.rate=3 (repeat); checked "
+            "as if written in the file")
+
+
+def _changes(items: list[str] | None) -> dict:
+    """The nested changes of repeated --set options; a malformed one fails with exit 2."""
+    from .overrides import OverrideError, parse_set
+
+    try:
+        return parse_set(items or [])
+    except OverrideError as e:
+        _fail(str(e))
 
 
 @app.command()
@@ -64,15 +77,20 @@ def run(
              "chrome://tracing): GPU rounds, CPU rounds, Dense Assists, PCIe transfers and "
              "migration arrows. Each policy of the scenario is one process in FILE. Large: tens "
              "of MB for 2,000 requests")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE",
+                                                   help=SET_HELP)] = None,
 ) -> None:
     """Simulate every policy of SCENARIO; write requests.parquet, summary.json, timeline plot."""
     from .runner import run_scenario
 
     out = _out_dir(out)
+    changes = _changes(set_)
+
     if trace_events is not None:  # fail before simulating, not after the first policy
         _trace_file(trace_events)
     try:
-        summaries = run_scenario(scenario, out, progress=not quiet, trace_events=trace_events)
+        summaries = run_scenario(scenario, out, progress=not quiet, trace_events=trace_events,
+                                 changes=changes)
     except (ScenarioError, SimulationStalled) as e:
         _fail(str(e))
     except OSError as e:  # reading is checked by the scenario's loader: this is writing
@@ -109,19 +127,24 @@ def sweep(
              "ray://HOST:10001 a remote cluster (its nodes need this package installed, not "
              "the scenario's files). Same results, byte for byte, as without it. Needs "
              "pip install -e \".\\[ray]\"")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE",
+                                                   help=SET_HELP)] = None,
 ) -> None:
-    """Run every (policy, rate) point of SCENARIO's sweep in parallel; rerun to resume.
+    """Run every (policy, rate, grid setting, seed) point of SCENARIO's sweep in parallel;
+    rerun to resume.
 
-    Writes OUT/points/<policy>@<rate>/ as points finish, then sweep.csv and sustainable.csv.
-    The points run in local worker processes, or with --ray ADDRESS on a Ray cluster.
+    Writes OUT/points/<policy>@<rate>[,<key>=<value>...]/ as points finish, then sweep.csv,
+    sustainable.csv and, with seeds, sweep_ci.csv. The points run in local worker processes,
+    or with --ray ADDRESS on a Ray cluster.
     """
     from .executors import ExecutorUnavailable
     from .sweep import SweepError, SweepInterrupted, format_sustainable, run_sweep
 
     out = _out_dir(out)
+    changes = _changes(set_)
     try:
         result = run_sweep(scenario, out, workers=workers, restart=restart, progress=not quiet,
-                           ray=ray)
+                           ray=ray, changes=changes)
     except (ScenarioError, SweepError, ExecutorUnavailable) as e:
         _fail(str(e))
     except OSError as e:
@@ -148,6 +171,71 @@ def sweep(
         typer.echo(f"error: {len(result.failed)} of {len(result.points)} points failed; the CSVs "
                    f"cover the others; {advice}", err=True)
         raise typer.Exit(1)
+
+
+@app.command()
+def capacity(
+    scenario: Annotated[Path, typer.Argument(help="scenario YAML file")],
+    low: Annotated[float, typer.Option("--low", help="lowest offered rate to search, req/s")
+                   ] = 0.25,
+    high: Annotated[float, typer.Option("--high", help="highest offered rate to search, req/s")
+                    ] = 32.0,
+    tol: Annotated[float, typer.Option("--tol", help="stop when the bracket is this narrow, "
+                                                     "req/s")] = 0.05,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="also write DIR/capacity.csv")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE",
+                                                   help=SET_HELP)] = None,
+) -> None:
+    """The highest offered rate at which each policy of SCENARIO meets every target, found by
+    bisection between --low and --high to within --tol."""
+    from .capacity import capacity as find_capacity
+    from .capacity import format_capacity
+
+    changes = _changes(set_)
+    try:
+        table = find_capacity(scenario, changes, low=low, high=high, tol=tol)
+    except ScenarioError as e:
+        _fail(str(e))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out / "capacity.csv", index=False)
+    typer.echo(format_capacity(table, tol))
+
+
+@app.command()
+def export(
+    run_dir: Annotated[Path, typer.Argument(
+        help="a run directory (requests.parquet and summary.json), such as a sweep's point")],
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="directory for the files (default RUN_DIR)")] = None,
+    format_: Annotated[str, typer.Option(
+        "--format", help="the layout: vllm (the result JSON of vLLM's serving benchmark, "
+                         "`vllm bench serve --save-result`)")] = "vllm",
+) -> None:
+    """Write each policy's results of RUN_DIR in another tool's layout: vllm-<policy>.json."""
+    import json
+
+    from .records import read_records
+    from .vllm_export import vllm_result
+
+    if format_ != "vllm":
+        _fail(f"--format {format_!r}: the one layout is vllm")
+    try:
+        summaries = json.loads((run_dir / "summary.json").read_text())
+        records = read_records(run_dir / "requests.parquet")
+    except (OSError, ValueError) as e:
+        _fail(f"{run_dir}: not a run directory ({str(e).splitlines()[0]})")
+    if not isinstance(summaries, list):
+        _fail(f"{run_dir / 'summary.json'}: not a run's summary (a list of policies); rerun it "
+              f"with this version")
+    target = out or run_dir
+    target.mkdir(parents=True, exist_ok=True)
+    for s in summaries:
+        frame = records[records["policy"] == s["policy"]].reset_index(drop=True)
+        path = target / f"vllm-{s['policy']}.json"
+        path.write_text(json.dumps(vllm_result(frame, s), indent=2) + "\n")
+        typer.echo(f"{s['policy']}: {path}")
 
 
 @app.command()

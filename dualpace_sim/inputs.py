@@ -111,6 +111,16 @@ def _expanded_size(node: yaml.Node, limit: int) -> int:
     return size(node)
 
 
+def yaml_error_text(e: yaml.YAMLError) -> str:
+    """PyYAML's error as one line that keeps where it is: "not valid YAML at line 3, column 9:
+    expected ',' or '}', but got '<stream end>'"."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    if mark is None:
+        return f"not valid YAML: {problem}"
+    return f"not valid YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+
+
 def load_yaml(text: str, source: str) -> Any:
     """Parse YAML text with the checks above; errors are one :class:`InputFileError` line."""
     loader = _StrictLoader(text)
@@ -123,10 +133,7 @@ def load_yaml(text: str, source: str) -> Any:
                                  "values (a YAML alias bomb?); write the values out")
         return loader.construct_document(node)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f" (line {mark.line + 1})" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InputFileError(f"{source}: invalid YAML{line}: {problem}") from None
+        raise InputFileError(f"{source}: {yaml_error_text(e)}") from None
     except RecursionError:
         raise InputFileError(f"{source}: nested too deeply to be a scenario, profile or spec; "
                              "is it the right file?") from None

@@ -10,12 +10,24 @@ requests at once, because a sweep point has ~600k tokens and a sweep has dozens 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 TIMELINE_MAX_POINTS = 2000
+
+# The percentiles reported for every latency unless a scenario's metrics.percentiles says
+# otherwise: those of vLLM's serving benchmark (`--metric-percentiles`), plus the median.
+DEFAULT_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
+
+# The latencies the serving-benchmark set covers, by their vLLM names: time to first token,
+# time per output token (after the first), inter-token latency, end-to-end latency.
+LATENCIES = ("ttft", "tpot", "itl", "e2el")
+
+# Which target of a scenario's `targets:` a request must meet, on its own values, to count in
+# the goodput: target name -> the per-request latency it bounds ("norm" is e2el / n_tokens).
+GOODPUT_SLOS = {"p99_ttft_s": "ttft", "p99_tpot_s": "tpot", "normalized_latency_s": "norm"}
 
 
 def _token_times(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -53,38 +65,139 @@ def itl_values(df: pd.DataFrame) -> np.ndarray:
     return gaps[keep]
 
 
-def summarize(df: pd.DataFrame, duration_s: float | None = None) -> dict[str, float | int]:
+def request_arrays(
+    df: pd.DataFrame,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per request: arrival, first-token and last-token times, tokens produced, and whether it
+    completed (produced all its max_tokens, at least one)."""
+    n_tokens = df["n_tokens"].to_numpy(dtype=np.int64)
+    done = (n_tokens == df["max_tokens"].to_numpy(dtype=np.int64)) & (n_tokens > 0)
+    return (df["arrival_s"].to_numpy(dtype=float), df["first_token_s"].to_numpy(dtype=float),
+            df["finish_s"].to_numpy(dtype=float), n_tokens, done)
+
+
+def summarize(
+    df: pd.DataFrame,
+    duration_s: float | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    slos: Mapping[str, float] | None = None,
+) -> dict[str, float | int]:
     """Headline metrics of one policy's records; NaN where a metric is undefined.
 
     Throughput is total output tokens over ``duration_s`` when given (e.g. a fixed measurement
-    window), otherwise over last token time − first arrival (``makespan_s``).
+    window), otherwise over last token time − first arrival (``makespan_s``). The
+    serving-benchmark set (:func:`serving_metrics`) follows the headline keys; ``slos`` are the
+    scenario's targets, for the goodput.
     """
     if df["policy"].nunique() > 1:
         raise ValueError("summarize takes the records of one policy; group by 'policy' first")
-    arrival = df["arrival_s"].to_numpy(dtype=float)
-    first = df["first_token_s"].to_numpy(dtype=float)
-    finish = df["finish_s"].to_numpy(dtype=float)
-    n_tokens = df["n_tokens"].to_numpy(dtype=np.int64)
-    done = (n_tokens == df["max_tokens"].to_numpy(dtype=np.int64)) & (n_tokens > 0)
-    multi = done & (n_tokens > 1)
-    ttft = ttft_values(df)
+    arrival, _, finish, n_tokens, done = request_arrays(df)
+    values = latency_values(df)  # once: the headline and the full set share them
+    ttft = values["ttft"]
     total_tokens = int(n_tokens.sum())
     cpu_tokens = "".join(df["token_owners"]).count("C")
     makespan = float(np.nanmax(finish) - arrival.min()) if total_tokens else math.nan
     window = makespan if duration_s is None else float(duration_s)
-    return {
+    headline = {
         "submitted": len(df),
         "completed": int(done.sum()),
         "normalized_latency_s": _nan_stat((finish[done] - arrival[done]) / n_tokens[done]),
         "mean_ttft_s": _nan_stat(ttft),
         "p50_ttft_s": _nan_stat(ttft, 50),
         "p99_ttft_s": _nan_stat(ttft, 99),
-        "p99_itl_s": _nan_stat(itl_values(df), 99),
-        "p99_tpot_s": _nan_stat((finish[multi] - first[multi]) / (n_tokens[multi] - 1), 99),
+        "p99_itl_s": _nan_stat(values["itl"], 99),
+        "p99_tpot_s": _nan_stat(values["tpot"], 99),
         "throughput_tok_s": total_tokens / window if window > 0 else math.nan,
         "cpu_token_fraction": cpu_tokens / total_tokens if total_tokens else math.nan,
         "makespan_s": makespan,
     }
+    return {**headline, **throughput_metrics(df, window, slos),
+            **latency_stats(values, percentiles)}
+
+
+def percentile_word(p: float) -> str:
+    """A percentile as vLLM's benchmark spells it in key names: 99 -> ``99``, 99.9 -> ``99.9``."""
+    p = float(p)
+    return str(int(p)) if p.is_integer() else str(p)
+
+
+def latency_values(df: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Each latency of :data:`LATENCIES`, in seconds, over the requests it is defined for:
+    TTFT over every request that produced a token, ITL over every gap between consecutive
+    tokens of a request, TPOT and end-to-end latency over completed requests (TPOT only those
+    with more than one token)."""
+    arrival, first, finish, n_tokens, done = request_arrays(df)
+    multi = done & (n_tokens > 1)
+    return {
+        "ttft": ttft_values(df),
+        "tpot": (finish[multi] - first[multi]) / (n_tokens[multi] - 1),
+        "itl": itl_values(df),
+        "e2el": finish[done] - arrival[done],
+    }
+
+
+def good_requests(df: pd.DataFrame, slos: Mapping[str, float]) -> int:
+    """Completed requests meeting, on their own values, every target of ``slos`` that
+    :data:`GOODPUT_SLOS` names: TTFT, TPOT (requests of one token have none, and pass it) and
+    end-to-end latency per output token. A fleet-wide target (P99 ITL) has no per-request
+    form and does not enter. With no such target every completed request is good."""
+    arrival, first, finish, n_tokens, good = request_arrays(df)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_request = {
+            "ttft": first - arrival,
+            "tpot": np.where(n_tokens > 1, (finish - first) / np.maximum(n_tokens - 1, 1), 0.0),
+            "norm": (finish - arrival) / n_tokens,
+        }
+        for target, latency in GOODPUT_SLOS.items():
+            if target in slos:
+                good &= per_request[latency] <= slos[target]
+    return int(good.sum())
+
+
+def serving_metrics(
+    df: pd.DataFrame,
+    window_s: float,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    slos: Mapping[str, float] | None = None,
+) -> dict[str, float | int]:
+    """The metric set of vLLM's serving benchmark, in seconds, over a window of ``window_s``:
+    :func:`throughput_metrics` and :func:`latency_stats` of every latency."""
+    return {**throughput_metrics(df, window_s, slos),
+            **latency_stats(latency_values(df), percentiles)}
+
+
+def throughput_metrics(
+    df: pd.DataFrame, window_s: float, slos: Mapping[str, float] | None = None
+) -> dict[str, float | int]:
+    """Request, output-token and total-token throughput over ``window_s``, and the goodput:
+    completed requests per second that meet the ``slos`` (:func:`good_requests`)."""
+    *_, n_tokens, done = request_arrays(df)
+    prefilled = df["prompt_tokens"].to_numpy(dtype=np.int64)[n_tokens > 0].sum()
+    rate = (lambda count: count / window_s) if window_s > 0 else (lambda count: math.nan)
+    good = good_requests(df, slos or {})
+    return {
+        "request_throughput_req_s": rate(int(done.sum())),
+        "output_throughput_tok_s": rate(int(n_tokens.sum())),
+        "total_token_throughput_tok_s": rate(int(n_tokens.sum() + prefilled)),
+        "good_requests": good,
+        "goodput_req_s": rate(good),
+    }
+
+
+def latency_stats(values: Mapping[str, np.ndarray],
+                  percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
+    """Mean, median, std (population, as numpy and vLLM) and each of ``percentiles`` (numpy's
+    linear ones) of each latency of ``values`` (:func:`latency_values`); NaN where empty."""
+    out: dict[str, float] = {}
+    qs = [50.0, *(float(p) for p in percentiles)]
+    for name, v in values.items():
+        picked = np.percentile(v, qs) if v.size else np.full(len(qs), math.nan)
+        out[f"mean_{name}_s"] = _nan_stat(v)
+        out[f"median_{name}_s"] = float(picked[0])
+        out[f"std_{name}_s"] = float(v.std()) if v.size else math.nan
+        for p, value in zip(percentiles, picked[1:], strict=True):
+            out[f"p{percentile_word(p)}_{name}_s"] = float(value)
+    return out
 
 
 def token_timeline(df: pd.DataFrame, max_points: int = TIMELINE_MAX_POINTS) -> pd.DataFrame:

@@ -7,6 +7,7 @@ are written without a creation date so reruns give identical files.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,13 +36,15 @@ def plot_timeline(frames: dict[str, pd.DataFrame], out_stem: Path, *, title: str
     progress (:func:`dualpace_sim.metrics.longest_cpu_stall`) and gives its length in the legend.
     """
     fig, (total_ax, cpu_ax) = _figure()
-    colors = _policy_colors(frames)
+    colors = policy_colors(frames)
+    any_cpu = any("C" in "".join(df["token_owners"]) for df in frames.values())
     for policy, df in frames.items():
         timeline = token_timeline(df)
         color = colors[policy]
         total_ax.plot(timeline["time_s"], timeline["total_tokens"], label=policy, color=color)
-        cpu_ax.plot(timeline["time_s"], timeline["cpu_tokens"], label=policy, color=color)
-        if annotate_stalls and len(df):
+        if any_cpu:
+            cpu_ax.plot(timeline["time_s"], timeline["cpu_tokens"], color=color)
+        if annotate_stalls and len(df) and any_cpu:
             interval = longest_cpu_stall_interval(df)
             if interval is None:
                 cpu_ax.plot([], [], " ", label=f"{policy}: no CPU-produced tokens")
@@ -54,9 +57,17 @@ def plot_timeline(frames: dict[str, pd.DataFrame], out_stem: Path, *, title: str
                  title="Generated tokens")
     cpu_ax.set(xlabel="time (s)", ylabel="CPU-decoded tokens (cumulative)",
                title="CPU-resident decoded tokens")
+    if not any_cpu:
+        say_empty(cpu_ax, "no CPU-decoded tokens")
     if title:
         fig.suptitle(title)
-    _save(fig, out_stem)
+    save_figure(fig, out_stem)
+
+
+def say_empty(ax, text: str) -> None:
+    """An empty panel that says why, instead of a flat line on a meaningless axis."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="0.35")
+    ax.set_yticks([])
 
 
 def plot_latency_cdf(frames: dict[str, pd.DataFrame], out_stem: Path, *,
@@ -64,31 +75,32 @@ def plot_latency_cdf(frames: dict[str, pd.DataFrame], out_stem: Path, *,
     """CDFs of TTFT (left) and inter-token latency (right), one line per policy; log-scaled x
     where the latencies span decades."""
     fig, (ttft_ax, itl_ax) = _figure()
-    colors = _policy_colors(frames)
+    colors = policy_colors(frames)
     ttfts, itls = [], []
     for policy, df in frames.items():
         ttft, itl = ttft_values(df), itl_values(df)
-        ttft_ax.plot(*_cdf(ttft), label=policy, color=colors[policy])
-        itl_ax.plot(*_cdf(itl), label=policy, color=colors[policy])
+        ttft_ax.plot(*empirical_cdf(ttft), label=policy, color=colors[policy])
+        itl_ax.plot(*empirical_cdf(itl), label=policy, color=colors[policy])
         ttfts.append(ttft)
         itls.append(itl)
     _finish_cdf_axes(fig, ttft_ax, itl_ax, ttfts, itls, title)
-    _save(fig, out_stem)
+    save_figure(fig, out_stem)
 
 
 # ----------------------------------------------------------------------------- sweeps
 
 # (panel title, axis label) of each metric a sweep reports.
+# Mathtext, as the paper's Figure 7 sets them: P with a subscript, s token^-1.
 METRIC_LABELS = {
-    "normalized_latency_s": ("Normalized latency", "normalized latency (s/token)"),
-    "p99_ttft_s": ("P99 TTFT", "P99 time to first token (s)"),
-    "p99_itl_s": ("P99 ITL", "P99 inter-token latency (s)"),
-    "p99_tpot_s": ("P99 TPOT", "P99 time per output token (s)"),
+    "normalized_latency_s": ("Normalized latency", r"normalized latency (s token$^{-1}$)"),
+    "p99_ttft_s": (r"$P_{99}$ TTFT", r"$P_{99}$ time to first token (s)"),
+    "p99_itl_s": (r"$P_{99}$ ITL", r"$P_{99}$ inter-token latency (s)"),
+    "p99_tpot_s": (r"$P_{99}$ TPOT", r"$P_{99}$ time per output token (s)"),
     "throughput_tok_s": ("Throughput", "output throughput (tokens/s)"),
     "cpu_token_fraction": ("CPU-decoded share", "fraction of tokens decoded on the CPU"),
     "longest_cpu_stall_s": ("Longest CPU stall", "longest gap in CPU progress (s)"),
 }
-METRIC_UNITS = {"normalized_latency_s": "s/token", "throughput_tok_s": "tokens/s",
+METRIC_UNITS = {"normalized_latency_s": r"s token$^{-1}$", "throughput_tok_s": "tokens/s",
                 "cpu_token_fraction": ""}
 P99_METRICS = ("p99_ttft_s", "p99_itl_s", "p99_tpot_s")
 RATE_LABEL = "offered load (req/s)"
@@ -102,23 +114,23 @@ def plot_latency_vs_rate(table: pd.DataFrame, out_stem: Path, target: float | No
                          *, title: str | None = None) -> None:
     """Normalized latency vs offered rate, one line per policy (a sweep.csv frame), with the
     target as a dashed line and each policy's sustainable rate as a dotted vertical line."""
-    fig = _new_figure((6.5, 4.5))
+    fig = new_figure((6.5, 4.5))
     ax = fig.subplots()
     _metric_panel(ax, table, "normalized_latency_s", target, mark_sustainable=True)
     ax.set_title(title or "Normalized latency vs offered load")
-    _save(fig, out_stem)
+    save_figure(fig, out_stem)
 
 
 def plot_p99_vs_rate(table: pd.DataFrame, out_stem: Path, targets: dict[str, float] | None = None,
                      *, title: str | None = None) -> None:
     """P99 TTFT, P99 ITL and P99 TPOT vs offered rate (three panels), with target lines."""
     targets = targets or {}
-    fig = _new_figure((15, 4.5))
+    fig = new_figure((15, 4.5))
     for ax, metric in zip(fig.subplots(1, 3), P99_METRICS, strict=True):
         _metric_panel(ax, table, metric, targets.get(metric), mark_sustainable=True)
     if title:
         fig.suptitle(title)
-    _save(fig, out_stem)
+    save_figure(fig, out_stem)
 
 
 def plot_sweep_comparison(frames_by_label: dict[str, pd.DataFrame], out_stem: Path,
@@ -127,14 +139,14 @@ def plot_sweep_comparison(frames_by_label: dict[str, pd.DataFrame], out_stem: Pa
     """Several sweeps in one figure: normalized latency and the three P99 metrics vs offered rate
     (2×2 panels), one colour per sweep, one line style per policy, target lines dashed."""
     targets = targets or {}
-    fig = _new_figure((12, 8.5))
+    fig = new_figure((12, 8.5))
     axes = fig.subplots(2, 2).ravel()
     metrics = ("normalized_latency_s", *P99_METRICS)
     for ax, metric in zip(axes, metrics, strict=True):
         _overlay_panel(ax, frames_by_label, metric, targets.get(metric))
     if title:
         fig.suptitle(title)
-    _save(fig, out_stem, legend_axes=[axes[0]])
+    save_figure(fig, out_stem)
 
 
 def plot_sensitivity(frames_by_setting: dict[str, pd.DataFrame], metric: str, out_stem: Path,
@@ -146,14 +158,14 @@ def plot_sensitivity(frames_by_setting: dict[str, pd.DataFrame], metric: str, ou
     that target per setting and policy; a hatched bar reaching the top of the sweep means
     "above the sweep", an empty slot marked "<" means "below the sweep".
     """
-    fig = _new_figure((13, 4.8) if target is not None else (7, 4.8))
+    fig = new_figure((13, 4.8) if target is not None else (7, 4.8))
     axes = fig.subplots(1, 2 if target is not None else 1)
     axes = np.atleast_1d(axes)
     _overlay_panel(axes[0], frames_by_setting, metric, target)
     if target is not None:
         _sustainable_bars(axes[1], frames_by_setting, metric, target)
     fig.suptitle(title)
-    _save(fig, out_stem)
+    save_figure(fig, out_stem)
 
 
 def default_timeline_rate(table: pd.DataFrame, target: float) -> float:
@@ -172,33 +184,73 @@ def default_timeline_rate(table: pd.DataFrame, target: float) -> float:
 
 def _metric_panel(ax, table: pd.DataFrame, metric: str, target: float | None,
                   mark_sustainable: bool) -> None:
+    """``metric`` vs rate, one line per policy (or series: :func:`series_table`), its
+    confidence band where the table has one, the target as a labelled dashed line and each
+    sustainable rate dotted, named in the title so that no legend covers the data."""
     name, ylabel = METRIC_LABELS.get(metric, (metric, metric))
     policies = list(dict.fromkeys(table["policy"]))
-    colors = _policy_colors(policies)
-    values = []
+    colors = policy_colors(policies)
+    values, sustainable = [], []
     for policy in policies:
         rows = table[table["policy"] == policy].sort_values("rate")
         rates = rows["rate"].to_numpy(float)
         y = rows[metric].to_numpy(float)
         values.append(y)
-        label = policy
         if mark_sustainable and target is not None and len(rates):
             rate = sustainable_rate(rates, y, target)
-            label = f"{policy} (sustainable {_rate_text(rate, rates)} req/s)"
+            sustainable.append(f"{policy} {_rate_text(rate, rates)}")
             if isinstance(rate, float):
                 ax.axvline(rate, color=colors[policy], ls=":", lw=1.2)
-        ax.plot(rates, y, marker="o", ms=4, color=colors[policy], label=label)
+        ax.plot(rates, y, marker="o", ms=4, color=colors[policy], label=policy)
+        draw_band(ax, rows, metric, colors[policy])
     if target is not None:
-        ax.axhline(target, color="0.3", ls="--", lw=1.2, label=_target_label(metric, target))
+        _target_line(ax, metric, target)
         values.append(np.array([target]))
-    _log_if_decades(ax, values)
-    ax.set(xlabel=RATE_LABEL, ylabel=ylabel, title=name)
+    log_if_decades(ax, values)
+    title = name if not sustainable else (f"{name}\n" + r"sustainable (req s$^{-1}$): "
+                                          + ", ".join(sustainable))
+    ax.set(xlabel=RATE_LABEL, ylabel=ylabel)
+    ax.set_title(title, fontsize="medium")
+
+
+def draw_band(ax, rows: pd.DataFrame, metric: str, color) -> None:
+    """The 95% interval over seeds of ``metric`` as a shaded band, when ``rows`` has one."""
+    low, high = f"{metric}_ci_low", f"{metric}_ci_high"
+    if low in rows.columns:
+        ax.fill_between(rows["rate"].to_numpy(float), rows[low].to_numpy(float),
+                        rows[high].to_numpy(float), color=color, alpha=0.2, lw=0)
+
+
+def series_table(table: pd.DataFrame) -> pd.DataFrame:
+    """A sweep.csv frame ready to plot: each grid setting a series of its own (``policy``
+    becomes ``dualpace, scheduler.host_kv_blocks=1024``), and several seeds folded into their
+    mean with ``<metric>_ci_low`` / ``_ci_high`` (:func:`variance.mean_ci`) columns."""
+    from dualpace_sim.sweep import grid_columns
+    from dualpace_sim.variance import SEED_KEY, mean_ci
+
+    keys = grid_columns(table)
+    grid = [k for k in keys if k != SEED_KEY]
+    table = table.copy()
+    if grid:
+        table["policy"] = [", ".join([str(row["policy"]), *(f"{k}={row[k]}" for k in grid)])
+                           for _, row in table.iterrows()]
+    metrics = [c for c in table.columns if c not in ("policy", "rate", *keys)]
+    if SEED_KEY not in keys:
+        return table.drop(columns=grid)
+    rows = []
+    for (policy, rate), points in table.groupby(["policy", "rate"], sort=False):
+        row = {"policy": policy, "rate": rate}
+        for metric in metrics:
+            row[metric], row[f"{metric}_ci_low"], row[f"{metric}_ci_high"] = mean_ci(
+                points[metric].to_numpy(float))
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def _overlay_panel(ax, frames: dict[str, pd.DataFrame], metric: str,
                    target: float | None) -> None:
     name, ylabel = METRIC_LABELS.get(metric, (metric, metric))
-    setting_colors = _setting_colors(list(frames))
+    ramp = setting_colors(list(frames))
     policies = list(dict.fromkeys(p for t in frames.values() for p in t["policy"]))
     styles = dict(zip(policies, ["-", "--", "-.", ":"] * 4, strict=False))
     markers = dict(zip(policies, ["o", "s", "^", "D"] * 4, strict=False))
@@ -212,18 +264,18 @@ def _overlay_panel(ax, frames: dict[str, pd.DataFrame], metric: str,
             values.append(y)
             label = setting if len(policies) == 1 else f"{setting} / {policy}"
             ax.plot(rows["rate"].to_numpy(float), y, ls=styles[policy], marker=markers[policy],
-                    ms=4, color=setting_colors[setting], label=label)
+                    ms=4, color=ramp[setting], label=label)
     if target is not None:
-        ax.axhline(target, color="0.3", ls="--", lw=1.2, label=_target_label(metric, target))
+        _target_line(ax, metric, target)
         values.append(np.array([target]))
-    _log_if_decades(ax, values)
+    log_if_decades(ax, values)
     ax.set(xlabel=RATE_LABEL, ylabel=ylabel, title=name)
 
 
 def _sustainable_bars(ax, frames: dict[str, pd.DataFrame], metric: str, target: float) -> None:
     settings = list(frames)
     policies = list(dict.fromkeys(p for t in frames.values() for p in t["policy"]))
-    colors = _policy_colors(policies)
+    colors = policy_colors(policies)
     width = 0.8 / max(len(policies), 1)
     for j, policy in enumerate(policies):
         for i, setting in enumerate(settings):
@@ -254,6 +306,15 @@ def _sustainable_bars(ax, frames: dict[str, pd.DataFrame], metric: str, target: 
     ax.margins(y=0.12)
 
 
+def _target_line(ax, metric: str, target: float) -> None:
+    """The target as a dashed line labelled at its right end (not in the legend, which every
+    panel shares)."""
+    ax.axhline(target, color="0.3", ls="--", lw=1.2)
+    ax.annotate(_target_label(metric, target), (1, target),
+                xycoords=("axes fraction", "data"), xytext=(-4, 3), textcoords="offset points",
+                ha="right", va="bottom", fontsize="small", color="0.3")
+
+
 def _target_label(metric: str, target: float) -> str:
     return f"target {target:g} {METRIC_UNITS.get(metric, 's')}".rstrip()
 
@@ -266,7 +327,7 @@ def _rate_text(rate: float | str, rates: np.ndarray) -> str:
     return f"{rate:.3g}"
 
 
-def _policy_colors(policies) -> dict[str, str]:
+def policy_colors(policies) -> dict[str, str]:
     """Known policies keep their colour; others take the next unused ones of the cycle."""
     policies = list(policies)
     used = {POLICY_COLORS[p] for p in policies if p in POLICY_COLORS}
@@ -274,7 +335,7 @@ def _policy_colors(policies) -> dict[str, str]:
     return {p: POLICY_COLORS.get(p) or next(spare) for p in policies}
 
 
-def _setting_colors(settings: list[str]) -> dict[str, tuple]:
+def setting_colors(settings: list[str]) -> dict[str, tuple]:
     """Ordered settings (e.g. growing host KV) as a sequential colour ramp."""
     from matplotlib import colormaps
 
@@ -283,7 +344,7 @@ def _setting_colors(settings: list[str]) -> dict[str, tuple]:
     return {s: ramp(0.85 * i / max(n - 1, 1)) for i, s in enumerate(settings)}
 
 
-def _log_if_decades(ax, arrays, axis: str = "y") -> None:
+def log_if_decades(ax, arrays, axis: str = "y") -> None:
     """Log-scale ``axis`` when its positive finite values span more than ``LOG_SPAN``."""
     finite = [np.asarray(a, dtype=float) for a in arrays if np.size(a)]
     if not finite:
@@ -294,18 +355,18 @@ def _log_if_decades(ax, arrays, axis: str = "y") -> None:
         (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
 
 
-def _new_figure(size: tuple[float, float]) -> Figure:
+def new_figure(size: tuple[float, float]) -> Figure:
     fig = Figure(figsize=size, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
 
 def _figure() -> tuple[Figure, tuple]:
-    fig = _new_figure((10, 4))
+    fig = new_figure((10, 4))
     return fig, tuple(fig.subplots(1, 2))
 
 
-def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def empirical_cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Empirical CDF, sampled at most ``CDF_MAX_POINTS`` order statistics to keep PDFs small."""
     values = np.sort(values)
     fraction = np.arange(1, values.size + 1) / max(values.size, 1)
@@ -315,13 +376,17 @@ def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return values, fraction
 
 
-def _save(fig: Figure, out_stem: Path, legend_axes=None) -> list[Path]:
-    """Grid, legends (on ``legend_axes``, default every axis with labelled artists), then
-    ``out_stem``.png and .pdf; returns the two paths."""
+def save_figure(fig: Figure, out_stem: Path) -> list[Path]:
+    """Grid, one legend for the whole figure (every label once, below the panels, where it
+    covers no data), then ``out_stem``.png and .pdf; returns the two paths."""
+    handles: dict[str, object] = {}
     for ax in fig.axes:
         ax.grid(True, alpha=0.3)
-        if (legend_axes is None or ax in legend_axes) and ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="small")
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center",
+                   ncols=min(len(handles), 4), fontsize="small")
     out_stem = Path(out_stem)
     out_stem.parent.mkdir(parents=True, exist_ok=True)
     png = out_stem.with_name(out_stem.name + ".png")
@@ -389,8 +454,24 @@ def plot_run_dir(path: Path | str, out_dir: Path | str | None = None) -> PlotRep
     report.add(out_dir / "timeline")
     plot_latency_cdf(frames, out_dir / "latency_cdf", title=f"{path.name}: latency CDFs")
     report.add(out_dir / "latency_cdf")
+    summaries = json.loads((path / "summary.json").read_text())
+    report.files += _state_figure(frames, summaries, out_dir / "state_over_time",
+                                  f"{path.name}: queues and KV over time")
     report.lines += _stall_lines(frames)
     return report
+
+
+def _state_figure(frames: dict[str, pd.DataFrame], summaries: list[dict], out_stem: Path,
+                  title: str) -> list[Path]:
+    """Queues and KV over time of each policy, sized by its summary's block size."""
+    from dualpace_sim.serving_plots import plot_state_over_time
+    from dualpace_sim.state_series import state_series
+
+    capacities = {s["policy"]: s.get("capacities") or {} for s in summaries
+                  if isinstance(s, dict) and "policy" in s}
+    series = {p: state_series(df, int((capacities.get(p) or {}).get("block_size", 16)))
+              for p, df in frames.items() if len(df)}
+    return plot_state_over_time(series, capacities, out_stem, title=title)
 
 
 def plot_sweep_dir(path: Path | str, out_dir: Path | str | None = None,
@@ -399,7 +480,7 @@ def plot_sweep_dir(path: Path | str, out_dir: Path | str | None = None,
     latency_vs_rate, p99_vs_rate and timeline@<rate> (Figure 1 view at ``rate``, default
     :func:`default_timeline_rate`, with each policy's longest CPU stall annotated)."""
     from dualpace_sim.records import read_records
-    from dualpace_sim.sweep import read_sweep_dir
+    from dualpace_sim.sweep import read_point_summary, read_sweep_dir
 
     sweep = read_sweep_dir(path)
     out_dir = Path(out_dir) if out_dir is not None else sweep.path / "plots"
@@ -416,12 +497,19 @@ def plot_sweep_dir(path: Path | str, out_dir: Path | str | None = None,
     else:
         rate, how = match_rate(sweep.rates, rate), "chosen with --rate"
     report = PlotReport()
-    plot_latency_vs_rate(table, out_dir / "latency_vs_rate", target,
+    series = series_table(table)
+    plot_latency_vs_rate(series, out_dir / "latency_vs_rate", target,
                          title=f"{sweep.name}: normalized latency vs offered load")
     report.add(out_dir / "latency_vs_rate")
-    plot_p99_vs_rate(table, out_dir / "p99_vs_rate", targets,
+    plot_p99_vs_rate(series, out_dir / "p99_vs_rate", targets,
                      title=f"{sweep.name}: tail latencies vs offered load")
     report.add(out_dir / "p99_vs_rate")
+    report.files += _serving_figures(sweep, series, out_dir, report)
+    if set(table.columns) - set(series.columns) - {"policy", "rate"} or len(series) != len(
+            table):
+        report.lines.append("timeline: a grid or seed sweep has one per point; plot a point's "
+                            f"folder: dualpace-sim plot {sweep.path / 'points' / '<point>'}")
+        return report
 
     frames = {}
     for policy in sweep.policies:
@@ -435,9 +523,48 @@ def plot_sweep_dir(path: Path | str, out_dir: Path | str | None = None,
     plot_timeline(frames, stem, annotate_stalls=True,
                   title=f"{sweep.name}: token progress at {rate:g} req/s")
     report.add(stem)
+    summaries = [read_point_summary(sweep.point_dir(p, rate)) for p in frames]
+    report.files += _state_figure(frames, [s for s in summaries if s],
+                                  out_dir / f"state_over_time@{rate!r}",
+                                  f"{sweep.name}: queues and KV at {rate:g} req/s")
     report.lines.append(f"timeline at {rate:g} req/s ({how})")
     report.lines += _stall_lines(frames, f"at {rate:g} req/s")
     return report
+
+
+def _serving_figures(sweep, series: pd.DataFrame, out_dir: Path,
+                     report: PlotReport) -> list[Path]:
+    """throughput_vs_rate and utilisation_vs_rate from the sweep's table, and, for a plain
+    sweep, latency_cdf_by_rate_<policy> from its points' records; a sweep made before these
+    columns existed gets a line saying what is missing instead."""
+    from dualpace_sim.records import read_records
+    from dualpace_sim.runner import UTILISATION_KEYS
+    from dualpace_sim.serving_plots import (
+        plot_latency_cdfs_by_rate,
+        plot_throughput_vs_rate,
+        plot_utilisation_vs_rate,
+    )
+
+    files: list[Path] = []
+    needed = {"output_throughput_tok_s", "request_throughput_req_s", "goodput_req_s",
+              *UTILISATION_KEYS}
+    missing = sorted(needed - set(series.columns))
+    if missing:
+        report.lines.append(f"throughput and utilisation figures: sweep.csv has no {missing[0]}"
+                            f" (made by an older version); rerun the sweep with --restart")
+    else:
+        files += plot_throughput_vs_rate(series, out_dir / "throughput_vs_rate",
+                                         title=f"{sweep.name}: throughput and goodput")
+        files += plot_utilisation_vs_rate(series, out_dir / "utilisation_vs_rate",
+                                          title=f"{sweep.name}: engine utilisation")
+    for policy in sweep.policies:
+        dirs = {r: sweep.point_dir(policy, r) / "requests.parquet" for r in sweep.rates}
+        frames = {r: read_records(d) for r, d in dirs.items() if d.is_file()}
+        if frames:
+            files += plot_latency_cdfs_by_rate(
+                frames, out_dir / f"latency_cdf_by_rate_{policy}",
+                title=f"{sweep.name}: {policy} latency CDFs at each offered rate")
+    return files
 
 
 def match_rate(rates: list[float], rate: float) -> float:
@@ -491,7 +618,7 @@ def plot_timeline_overlay(real: dict[str, pd.DataFrame], simulated: dict[str, pd
     run's first arrival, so a runtime whose clock starts elsewhere still lines up. Writes
     ``out_stem``.png and .pdf and returns their paths."""
     fig, (total_ax, cpu_ax) = _figure()
-    colors = _policy_colors(dict.fromkeys([*real, *simulated]))
+    colors = policy_colors(dict.fromkeys([*real, *simulated]))
     for kind, frames, ls in (("real", real, "-"), ("simulated", simulated, "--")):
         for policy, df in frames.items():
             if not len(df):
@@ -507,7 +634,7 @@ def plot_timeline_overlay(real: dict[str, pd.DataFrame], simulated: dict[str, pd
                title="CPU-resident decoded tokens")
     if title:
         fig.suptitle(title)
-    return _save(fig, out_stem)
+    return save_figure(fig, out_stem)
 
 
 def plot_latency_cdf_overlay(real: dict[str, pd.DataFrame], simulated: dict[str, pd.DataFrame],
@@ -516,24 +643,24 @@ def plot_latency_cdf_overlay(real: dict[str, pd.DataFrame], simulated: dict[str,
     simulation (dashed), one colour per policy; log-scaled x where the latencies span decades.
     Writes ``out_stem``.png and .pdf and returns their paths."""
     fig, (ttft_ax, itl_ax) = _figure()
-    colors = _policy_colors(dict.fromkeys([*real, *simulated]))
+    colors = policy_colors(dict.fromkeys([*real, *simulated]))
     ttfts, itls = [], []
     for kind, frames, ls in (("real", real, "-"), ("simulated", simulated, "--")):
         for policy, df in frames.items():
             ttft, itl = ttft_values(df), itl_values(df)
             style = dict(color=colors[policy], ls=ls, label=f"{policy} ({kind})")
-            ttft_ax.plot(*_cdf(ttft), **style)
-            itl_ax.plot(*_cdf(itl), **style)
+            ttft_ax.plot(*empirical_cdf(ttft), **style)
+            itl_ax.plot(*empirical_cdf(itl), **style)
             ttfts.append(ttft)
             itls.append(itl)
     _finish_cdf_axes(fig, ttft_ax, itl_ax, ttfts, itls, title)
-    return _save(fig, out_stem)
+    return save_figure(fig, out_stem)
 
 
 def _finish_cdf_axes(fig, ttft_ax, itl_ax, ttfts, itls, title) -> None:
     """Shared labels, log scales and title of the TTFT / ITL CDF panels."""
-    _log_if_decades(ttft_ax, ttfts, axis="x")
-    _log_if_decades(itl_ax, itls, axis="x")
+    log_if_decades(ttft_ax, ttfts, axis="x")
+    log_if_decades(itl_ax, itls, axis="x")
     ttft_ax.set(xlabel="time to first token (s)", ylabel="fraction of requests", title="TTFT")
     itl_ax.set(xlabel="inter-token latency (s)", ylabel="fraction of token gaps", title="ITL")
     if title:

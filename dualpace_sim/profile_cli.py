@@ -7,10 +7,12 @@ and exits with status 2.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
+import yaml
 
 from dualpace_sim.costs.profile import (
     Profile,
@@ -52,10 +54,28 @@ def _load(path: Path) -> Profile:
         profile = load_profile(path)
         check_magnitudes(profile, str(path))
     except ProfileError as e:
-        _fail(str(e))
+        _fail(_scenario_hint(path) or str(e))
     except (OSError, UnicodeDecodeError) as e:
         _fail(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}")
     return profile
+
+
+def _scenario_hint(path: Path) -> str | None:
+    """When ``path`` is a scenario rather than a profile, the line that says so and names its
+    profile; None otherwise."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    if not isinstance(doc, dict) or "format" in doc or "workload" not in doc:
+        return None
+    if isinstance(doc.get("profile"), str):
+        named = Path(doc["profile"]).expanduser()
+        named = Path(os.path.normpath(named if named.is_absolute() else path.parent / named))
+        return (f"{path}: a scenario, not a profile; its profile is {named} (give that file, "
+                f"or `dualpace-sim run {path}` to simulate the scenario)")
+    return (f"{path}: a scenario, not a profile; it synthesizes a roofline profile (write one "
+            f"with python -m dualpace_sim.costs.roofline)")
 
 
 def _seconds(v: float) -> str:
@@ -305,7 +325,10 @@ def compare(
     a, b = _load(first), _load(second)
     if a.model.name != b.model.name:
         _fail(f"{second}: model {b.model.name} differs from {first}'s {a.model.name}")
-    typer.echo(markdown(a, b, a.provenance.method, b.provenance.method), nl=False)
+    # Name the two by their files: both may be measured (a re-profile), or of one method.
+    typer.echo(f"A: {first} ({a.provenance.method}, {a.provenance.date})  \n"
+               f"B: {second} ({b.provenance.method}, {b.provenance.date})\n")
+    typer.echo(markdown(a, b, "A", "B"), nl=False)
 
 
 @profile_app.command("list")

@@ -100,15 +100,20 @@ def _migration_kinds(req: FinishedRequest) -> list[str]:
     return kinds
 
 
-def write_records(df: pd.DataFrame, path: str | Path) -> None:
+def write_records(
+    df: pd.DataFrame, path: str | Path, metadata: dict[bytes, bytes] | None = None
+) -> None:
     """Write a records frame (one or several policies) to Parquet, deterministically and
     atomically (`dualpace_sim.outputs`): a run rewrites its records after each policy, and an
-    interruption then must not destroy the policies already written."""
+    interruption then must not destroy the policies already written.
+
+    ``metadata`` becomes the file's key-value metadata (the run's provenance,
+    :func:`dualpace_sim.provenance.parquet_metadata`); without it the file has none."""
     missing = [name for name in RECORDS_SCHEMA.names if name not in df.columns]
     if missing:
         raise ValueError(f"records frame lacks column {missing[0]!r}; build it with records_frame")
     table = pa.Table.from_pandas(df[RECORDS_SCHEMA.names], schema=RECORDS_SCHEMA,
-                                 preserve_index=False).replace_schema_metadata(None)
+                                 preserve_index=False).replace_schema_metadata(metadata)
     replace_atomically(path, lambda tmp: pq.write_table(table, tmp))
 
 
@@ -139,3 +144,9 @@ def partial_policies(run_dir: str | Path) -> dict[str, str]:
         return {}
     return {str(s.get("policy")): str(s.get("stopped_by", "stopped"))
             for s in summaries if isinstance(s, dict) and s.get("partial")}
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """The key-value metadata of a records file, decoded (empty when it has none)."""
+    raw = pq.read_schema(Path(path)).metadata or {}
+    return {k.decode(): v.decode() for k, v in raw.items()}

@@ -7,18 +7,23 @@ it finished.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
-from .metrics import summarize
+from .metrics import longest_cpu_stall, summarize
 from .outputs import write_json
 from .plots import plot_timeline
+from .progress import progress_bar
+from .provenance import parquet_metadata, provenance, scenario_hash
 from .records import records_frame, write_records
 from .scenario import LoadedScenario, load_scenario
 from .sim import make_node
+from .state_series import state_series
 from .trace_events import TraceRecorder, write_trace
 
 
@@ -27,11 +32,15 @@ def simulate(
     trace: TraceRecorder | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """Run one policy; returns its records frame and its summary object. `trace`, if given,
-    receives the run's timeline."""
+    receives the run's timeline.
+
+    The summary is the same object in `run`'s summary.json and a sweep point's; the caller adds
+    ``scenario_hash`` and ``provenance`` (:func:`stamp`), which need the files and the git
+    checkout, so that a worker (a Ray task on another machine) never looks for them."""
     n = len(loaded.requests)
     # delay=1: the bar appears only for runs that take more than a second.
-    with tqdm(total=n, desc=f"{loaded.spec.name}/{policy}", unit="req", delay=1.0,
-              disable=not progress, leave=False) as bar:
+    with progress_bar(progress, total=n, desc=f"{loaded.spec.name}/{policy}", unit="req",
+                      delay=1.0, leave=False) as bar:
         node = make_node(loaded.requests, loaded.cost, loaded.policy_config(policy),
                          loaded.neo_launch_s, on_finish=bar.update, trace=trace)
         output = node.run()
@@ -40,16 +49,36 @@ def simulate(
         "scenario": loaded.spec.name,
         "policy": policy,
         "rate": loaded.spec.workload.rate,
-        **summarize(frame),
+        **summarize(frame, percentiles=loaded.spec.metrics.percentiles,
+                    slos=loaded.spec.targets.model_dump()),
+        "longest_cpu_stall_s": longest_cpu_stall(frame),
         "controls": _controls(loaded, policy),
         "capacities": {"gpu_kv_blocks": loaded.config.gpu_kv_blocks,
                        "host_kv_blocks": loaded.config.host_kv_blocks,
                        "block_size": loaded.config.block_size},
         "profile": {"source": loaded.profile_source,
                     "method": loaded.profile.provenance.method},
+        **utilisation(output.stats, loaded),
         "engine": asdict(output.stats),
     }
     return frame, summary
+
+
+UTILISATION_KEYS = ("gpu_utilisation", "cpu_utilisation", "pcie_h2d_utilisation",
+                    "pcie_d2h_utilisation")
+
+
+def utilisation(stats, loaded: LoadedScenario) -> dict[str, float]:
+    """Busy share of each engine over the run (0 to 1): the GPU worker (batches and assists),
+    the CPU engine, and each PCIe direction (bytes moved over what the profile's bandwidth
+    could move in the run's time)."""
+    end, link = stats.end_s, loaded.profile.link
+    if end <= 0:
+        return dict.fromkeys(UTILISATION_KEYS, math.nan)
+    return dict(zip(UTILISATION_KEYS, (
+        stats.gpu_busy_s / end, stats.cpu_busy_s / end,
+        stats.h2d_bytes / (link.h2d_bytes_per_s * end),
+        stats.d2h_bytes / (link.d2h_bytes_per_s * end)), strict=True))
 
 
 def _controls(loaded: LoadedScenario, policy: str) -> dict:
@@ -66,12 +95,40 @@ def _controls(loaded: LoadedScenario, policy: str) -> dict:
     return out
 
 
+# Counter tracks of a timeline trace: track -> the state_series columns it plots.
+COUNTER_TRACKS = {"requests": ("waiting", "decoding"),
+                  "KV blocks held": ("gpu_kv_blocks", "host_kv_blocks")}
+
+
+def record_state_counters(trace: TraceRecorder, frame: pd.DataFrame, block_size: int) -> None:
+    """The queue and KV series that `dualpace-sim plot` draws (:func:`state_series`), as
+    counter tracks of the run's trace, a sample where any value changes."""
+    series = state_series(frame, block_size)
+    columns = [c for cols in COUNTER_TRACKS.values() for c in cols]
+    values = series[columns].to_numpy()
+    changed = np.ones(len(series), dtype=bool)
+    changed[1:] = (values[1:] != values[:-1]).any(axis=1)
+    for row in series[changed].itertuples(index=False):
+        for track, cols in COUNTER_TRACKS.items():
+            trace.counter(track, row.time_s, **{c: int(getattr(row, c)) for c in cols})
+
+
+def stamp(summary: dict, digest: str, record: dict) -> dict:
+    """A summary with the scenario hash (:func:`provenance.scenario_hash`) and provenance
+    (:func:`provenance.provenance`) it was made under."""
+    return {**summary, "scenario_hash": digest, "provenance": record}
+
+
 def run_scenario(
-    path: Path, out: Path, progress: bool = True, trace_events: Path | None = None
+    path: Path, out: Path, progress: bool = True, trace_events: Path | None = None,
+    changes: Mapping | None = None,
 ) -> list[dict]:
-    """Simulate each policy of the scenario at `path`; write results under `out`, and the
-    policies' timelines to `trace_events` (one process per policy) when given."""
-    loaded = load_scenario(path)
+    """Simulate each policy of the scenario at `path` (with `changes` laid over its fields, as
+    :func:`scenario.read_scenario` describes); write results under `out`, and the policies'
+    timelines to `trace_events` (one process per policy) when given."""
+    loaded = load_scenario(path, changes=changes)
+    record = provenance(loaded)
+    digest = scenario_hash(path, changes)
     out.mkdir(parents=True, exist_ok=True)
     frames: dict[str, pd.DataFrame] = {}
     summaries: list[dict] = []
@@ -79,9 +136,12 @@ def run_scenario(
     for policy in loaded.spec.policies:
         trace = None if trace_events is None else TraceRecorder(f"{loaded.spec.name}: {policy}")
         frame, summary = simulate(loaded, policy, progress, trace)
+        if trace is not None:
+            record_state_counters(trace, frame, loaded.config.block_size)
         frames[policy] = frame
-        summaries.append(summary)
-        write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet")
+        summaries.append(stamp(summary, digest, record))
+        write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet",
+                      parquet_metadata(record))
         write_json(out / "summary.json", summaries)
         if trace is not None:
             traces.append(trace)

@@ -7,7 +7,9 @@ file, which field and what is allowed, because users edit these files by hand.
 
 from __future__ import annotations
 
+import difflib
 import functools
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,8 @@ from .costs import CostModel, ModelShape, Profile, load_profile, load_spec, synt
 from .costs.fit import fit_controls
 from .costs.profile import check_magnitudes
 from .inputs import InputFileError, load_yaml, read_text
+from .metrics import DEFAULT_PERCENTILES
+from .overrides import merged
 from .workload import RequestSpec, WorkloadConfig, build_requests, with_rate
 
 POLICIES = ("dualpace", "vllm", "neo")
@@ -104,10 +108,19 @@ class NeoSection(BaseModel):
 
 
 class SweepSpec(BaseModel):
-    """Offered rates a `dualpace-sim sweep` runs for every policy."""
+    """What a `dualpace-sim sweep` runs: every policy at every offered rate, for every
+    combination of the grid's values, once per seed."""
 
     model_config = ConfigDict(extra="forbid", strict=True)  # strict: `true` is no count
     rates: list[float] = Field(min_length=2, description="offered req/s, strictly increasing")
+    grid: dict[str, list[float | int | str | bool | None]] = Field(
+        default_factory=dict, description=(
+            "other fields to sweep: a dotted scenario key (`scheduler.host_kv_blocks`) -> its "
+            "values; every combination runs at every rate, and sweep.csv and sustainable.csv "
+            "get a column per key"))
+    seeds: list[int] | None = Field(None, min_length=1, description=(
+        "workload seeds: every point runs once per seed, and sweep_ci.csv and sustainable.csv "
+        "give bootstrap 95% confidence intervals over them; default: the workload's own seed"))
 
     @model_validator(mode="after")
     def _increasing(self) -> SweepSpec:
@@ -115,6 +128,30 @@ class SweepSpec(BaseModel):
             raise ValueError("rates must all be > 0 (requests per second)")
         if any(b <= a for a, b in zip(self.rates, self.rates[1:], strict=False)):
             raise ValueError("rates must be strictly increasing")
+        for key, values in self.grid.items():
+            if key in ("workload.rate", "workload.seed") or key.startswith("sweep"):
+                raise ValueError(f"grid: {key} cannot be a grid key; sweep rates with rates "
+                                 f"and seeds with seeds")
+            if not values or len(set(map(repr, values))) != len(values):
+                raise ValueError(f"grid: {key} needs distinct values, at least one")
+        if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds must be distinct")
+        return self
+
+
+class MetricsSection(BaseModel):
+    """How latencies are summarized (summary.json, sweep.csv)."""
+
+    model_config = ConfigDict(extra="forbid")
+    percentiles: list[float] = Field(
+        default_factory=lambda: list(DEFAULT_PERCENTILES), min_length=1, description=(
+            "percentiles reported for TTFT, TPOT, ITL and end-to-end latency, as "
+            "p<P>_<latency>_s (vLLM's benchmark: --metric-percentiles)"))
+
+    @model_validator(mode="after")
+    def _in_range(self) -> MetricsSection:
+        if any(not 0 < p <= 100 for p in self.percentiles):
+            raise ValueError("percentiles must each be in (0, 100]")
         return self
 
 
@@ -156,7 +193,10 @@ class Scenario(BaseModel):
     sweep: SweepSpec | None = Field(None, description=(
         "offered rates; required by `dualpace-sim sweep`, ignored by `run`"))
     targets: Targets = Field(default_factory=Targets, description=(
-        "latency targets for the sustainable request rate"))
+        "latency targets for the sustainable request rate; the goodput counts the requests "
+        "meeting the TTFT, TPOT and normalized-latency ones on their own values"))
+    metrics: MetricsSection = Field(default_factory=MetricsSection, description=(
+        "which latency percentiles to report"))
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
@@ -210,31 +250,45 @@ class LoadedScenario:
         return self.cost.neo_launch_s if given is None else given
 
 
+def _section_model(loc: tuple) -> type[BaseModel] | None:
+    """The model whose keys are allowed at ``loc`` (a validation error's location, its last
+    part the offending key): Scenario, or the section the path leads into."""
+    model: type[BaseModel] | None = Scenario
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part)) if model is not None else None
+        if field is None:
+            return None
+        candidates = [field.annotation, *typing.get_args(field.annotation)]
+        model = next((c for c in candidates if isinstance(c, type) and
+                      issubclass(c, BaseModel)), None)
+    return model
+
+
+def _unknown_key(loc: tuple) -> str:
+    """'unknown key; did you mean X?', or the keys allowed there when nothing is close."""
+    model = _section_model(loc)
+    if model is None:
+        return "unknown key"
+    known = list(model.model_fields)
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    if close:
+        return f"unknown key; did you mean {close[0]}?"
+    return f"unknown key; allowed here: {', '.join(known)} (docs: reference/scenario.md)"
+
+
 def _format_validation(path: Path | str, err: ValidationError) -> str:
     first = err.errors()[0]
     field = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    msg = first["msg"]
+    # A validator's message comes as "Value error, ..."; the prefix says nothing to a user.
+    msg = first["msg"].removeprefix("Value error, ")
+    value = first.get("input")
     if first["type"] == "extra_forbidden":
-        msg = "unknown key; check the spelling against the scenario reference in README.md"
+        msg = _unknown_key(first["loc"])
     elif first["type"] == "literal_error":
-        msg = f"{msg} (got {first.get('input')!r})"
-    elif first["type"] == "value_error":  # a check of a whole section: its input is all of it
-        msg = msg.removeprefix("Value error, ")
-    elif "input" in first and first["type"] not in ("missing",):
-        msg = f"{msg} (got {first['input']!r})"
+        msg = f"{msg} (got {value!r})"
+    elif "input" in first and first["type"] != "missing" and not isinstance(value, dict):
+        msg = f"{msg} (got {value!r})"  # a whole section (a mapping) is not echoed
     return f"{path}: {field}: {msg}"
-
-
-def _merged(raw: dict, changes: Mapping) -> dict:
-    """``changes`` laid over the scenario's fields: a nested mapping merges key by key into the
-    section it names, anything else (a number, a list, None for "the default") replaces."""
-    out = dict(raw)
-    for key, value in changes.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _merged(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def _dotted(changes: Mapping, prefix: str = "") -> list[str]:
@@ -263,7 +317,7 @@ def read_scenario(path: Path, changes: Mapping | None = None) -> Scenario:
         raise ScenarioError(f"{path}: expected a mapping of scenario fields at the top level")
     where = path
     if changes:
-        raw = _merged(raw, changes)
+        raw = merged(raw, changes)
         where = f"{path} with {', '.join(_dotted(changes))}"
     try:
         return Scenario.model_validate(raw)

@@ -26,10 +26,17 @@ import pandas as pd
 from pydantic import ValidationError
 
 from .costs import CostExtrapolationWarning, Profile
-from .metrics import longest_cpu_stall, sustainable_rate
+from .metrics import sustainable_rate
 from .runner import simulate
 from .scenario import ScenarioError, SweepSpec, Targets, load_scenario
-from .sweep import ABOVE_SWEEP, BELOW_SWEEP, SWEEP_COLUMNS, TARGET_METRICS, format_rate
+from .sweep import (
+    ABOVE_SWEEP,
+    BELOW_SWEEP,
+    SWEEP_COLUMNS,
+    TARGET_METRICS,
+    format_rate,
+    metric_columns,
+)
 
 # Engine counters worth a column: where the time went and what crossed PCIe.
 ENGINE_COLUMNS = (
@@ -54,19 +61,20 @@ def run_policies(
     profile: Profile | None = None,
 ) -> pd.DataFrame:
     """Simulate every policy of the (changed) scenario at one offered rate (default: its own);
-    one row per policy with :data:`COLUMNS`. Raises ScenarioError for a bad change and
+    one row per policy with :data:`COLUMNS`, then the rest of the serving-benchmark metrics
+    sweep.csv has (:func:`sweep.metric_columns`). Raises ScenarioError for a bad change and
     SimulationStalled for a configuration that cannot serve its load."""
     loaded = load_scenario(scenario, rate=rate, changes=changes, profile=profile)
     rows = []
     for policy in loaded.spec.policies:
-        frame, summary = simulate(loaded, policy)
+        _, summary = simulate(loaded, policy)
         row = {c: summary.get(c) for c in SWEEP_COLUMNS}
-        row["longest_cpu_stall_s"] = longest_cpu_stall(frame)
         row["gpu_kv_blocks"] = summary["capacities"]["gpu_kv_blocks"]
         row["host_kv_blocks"] = summary["capacities"]["host_kv_blocks"]
         row.update({c: summary["engine"][c] for c in ENGINE_COLUMNS})
+        row.update({c: summary[c] for c in metric_columns(summary) if c not in row})
         rows.append(row)
-    return pd.DataFrame(rows, columns=list(COLUMNS))
+    return pd.DataFrame(rows, columns=[*COLUMNS, *(c for c in rows[0] if c not in COLUMNS)])
 
 
 def rate_sweep(

@@ -1,32 +1,41 @@
-"""`dualpace-sim sweep`: every (policy, offered rate) point of a scenario, in parallel, resumable.
+"""`dualpace-sim sweep`: every (policy, offered rate, grid setting, seed) point of a scenario,
+in parallel, resumable.
 
-Layout of a sweep directory::
+Layout of a sweep directory (every column and key: docs' output reference)::
 
-    DIR/sweep.json                  what was swept: scenario, its hash, policies, rates, targets
-    DIR/points/<policy>@<rate>/     one point, written as soon as it finishes
-        requests.parquet            per-request records (see records.py)
-        summary.json                metrics + controls + engine counters + scenario_hash
+    DIR/sweep.json                  what was swept: scenario, its hash, policies, rates, grid,
+                                    targets, --set changes, code version, provenance
+    DIR/points/<policy>@<rate>[,<key>=<value>...]/
+                                    one point, written as soon as it finishes
+        requests.parquet            per-request records (see records.py), provenance metadata
+        summary.json                a list of one summary, the shape of `run`'s
         error.txt                   only when the point failed (the worker's traceback)
-    DIR/sweep.csv                   one row per finished point, sorted by policy then rate
-    DIR/sustainable.csv             policy, metric, target, rate (sustainable request rate)
+    DIR/sweep.csv                   one row per finished point, sorted by policy, setting, rate
+    DIR/sustainable.csv             policy, grid keys, metric, target, rate (sustainable rate)
+    DIR/sweep_ci.csv                with seeds: each metric's mean over seeds and its interval
 
 A point counts as finished when its ``summary.json`` exists; both of its files are written to a
 temporary name and renamed, the summary last, so a killed sweep never leaves a half-written point
 and rerunning the same command computes only what is missing. Every point and ``sweep.json``
-carry a hash of the scenario file and the files it refers to (profile, roofline spec/model,
-trace), so results of an edited scenario are never mixed with old ones.
+carry a hash of the scenario file, the files it refers to (profile, roofline spec/model, trace)
+and the ``--set`` changes, and the simulator's version (:func:`provenance.code_version`), so
+results of an edited scenario or of another simulator are never mixed with old ones.
 
-This process loads the scenario once per rate, hands each point to an executor
+A grid (``sweep.grid``: dotted scenario keys and their values) and seeds (``sweep.seeds``, the
+grid key ``workload.seed``) multiply the points; a seed is a replicate, so sustainable rates are
+read off the mean over seeds and bounded by bootstrap intervals (:mod:`dualpace_sim.variance`).
+
+This process loads the scenario once per (rate, setting), hands each point to an executor
 (:mod:`dualpace_sim.executors`: worker processes of this machine, or Ray tasks on a cluster) that
 runs :func:`compute_point` (:func:`dualpace_sim.runner.simulate`) and returns the records and
-summary, and writes each point as it comes back (:func:`write_point`). So every executor gives
-the same files, byte for byte, and workers never touch the file system. With one worker the
-points run in this process, one after another (also what tests use to monkeypatch).
+summary, and writes each point as it comes back (:func:`write_point`), adding its hash and
+provenance. So every executor gives the same files, byte for byte, and workers never touch the
+file system. With one worker the points run in this process, one after another (also what tests
+use to monkeypatch).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -36,15 +45,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-from tqdm import tqdm
 
 from .executors import InProcess, ProcessPool, RayCluster
-from .metrics import longest_cpu_stall, sustainable_rate
+from .metrics import sustainable_rate
 from .outputs import temporary_name, write_json, write_text_atomically
+from .overrides import Setting, grid_settings, merged, nested, setting_text
+from .progress import progress_bar
+from .provenance import (
+    code_version,
+    describe_version,
+    parquet_metadata,
+    provenance,
+    referenced_files,
+    scenario_hash,
+)
 from .records import write_records
-from .runner import simulate
-from .scenario import LoadedScenario, Scenario, load_scenario, read_scenario
+from .runner import simulate, stamp
+from .scenario import LoadedScenario, load_scenario, read_scenario
 from .sim import SimulationStalled
+from .variance import SEED_KEY, ci_table, sustainable_ci
 
 # The metrics that have a target, in the order tables show them.
 TARGET_METRICS = ("normalized_latency_s", "p99_ttft_s", "p99_itl_s", "p99_tpot_s")
@@ -68,6 +87,10 @@ class SweepInterrupted(Exception):
     """Ctrl-C: finished points are kept; the message says how to resume."""
 
 
+# One point of a sweep: policy, offered rate and the grid's setting (seed included).
+Point = tuple[str, float, Setting]
+
+
 @dataclass
 class PointOutcome:
     policy: str
@@ -75,6 +98,7 @@ class PointOutcome:
     status: str  # "done" (computed now), "skipped" (finished earlier) or "failed"
     wall_s: float | None = None
     error: str | None = None  # one line; the traceback is in the point's error.txt
+    setting: Setting = ()
 
     @property
     def stalled(self) -> bool:
@@ -83,7 +107,7 @@ class PointOutcome:
 
     @property
     def name(self) -> str:
-        return point_name(self.policy, self.rate)
+        return point_name(self.policy, self.rate, self.setting)
 
 
 @dataclass
@@ -101,46 +125,29 @@ class SweepResult:
         self.failed = [p for p in self.points if p.status == "failed"]
 
 
-def point_name(policy: str, rate: float) -> str:
-    """Folder name of one point: ``<policy>@<rate>`` with the rate's shortest exact repr."""
-    return f"{policy}@{float(rate)!r}"
+def point_name(policy: str, rate: float, setting: Setting = ()) -> str:
+    """Folder name of one point: ``<policy>@<rate>`` with the rate's shortest exact repr,
+    then the grid's setting, if any: ``dualpace@2.0,scheduler.host_kv_blocks=1024``."""
+    name = f"{policy}@{float(rate)!r}"
+    return f"{name},{setting_text(setting)}".replace("/", "%2F") if setting else name
 
 
-def point_dir(out: Path | str, policy: str, rate: float) -> Path:
-    return Path(out) / "points" / point_name(policy, rate)
+def point_dir(out: Path | str, policy: str, rate: float, setting: Setting = ()) -> Path:
+    return Path(out) / "points" / point_name(policy, rate, setting)
 
 
-def _resolve(base: Path, name: str) -> Path:
-    p = Path(name).expanduser()
-    return p if p.is_absolute() else base / p
-
-
-def referenced_files(path: Path, spec: Scenario) -> list[Path]:
-    """The files besides the scenario whose bytes decide the results: the calibration profile
-    (or the roofline's hardware spec / model config when given as paths) and a trace file."""
-    base = path.parent
-    files = []
-    if spec.profile is not None:
-        files.append(_resolve(base, spec.profile))
-    if spec.roofline is not None:
-        if spec.roofline.hardware.endswith((".yaml", ".yml")):
-            files.append(_resolve(base, spec.roofline.hardware))
-        if spec.roofline.model.endswith(".json"):
-            files.append(_resolve(base, spec.roofline.model))
-    if spec.workload.path is not None:
-        files.append(_resolve(base, spec.workload.path))
-    return files
-
-
-def scenario_hash(path: Path | str) -> str:
-    """sha256 over the scenario file's bytes and those of the files it refers to."""
-    path = Path(path)
-    digest = hashlib.sha256()
-    for f in [path, *referenced_files(path, read_scenario(path))]:
-        data = f.read_bytes() if f.is_file() else b""
-        digest.update(f"{len(data)}:".encode())
-        digest.update(data)
-    return digest.hexdigest()
+def read_point_summary(pdir: Path) -> dict | None:
+    """The summary of a finished point (its summary.json holds a list of one, the shape of
+    `run`'s); None when the point is not finished or the file is not a summary."""
+    path = pdir / "summary.json"
+    if not path.is_file():
+        return None
+    try:
+        entries = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    return entries[0] if isinstance(entries, list) and entries and isinstance(
+        entries[0], dict) else None
 
 
 # ----------------------------------------------------------------------------- one point
@@ -167,7 +174,7 @@ class PointResult:
     traceback: str | None = None  # for the point's error.txt
 
 
-def compute_point(loaded: LoadedScenario, policy: str, digest: str) -> PointResult:
+def compute_point(loaded: LoadedScenario, policy: str) -> PointResult:
     """Simulate one point, in this process, a pool worker or a Ray task; writes nothing.
 
     Never raises on a failing simulation (the traceback comes back for ``error.txt``), so one
@@ -177,31 +184,30 @@ def compute_point(loaded: LoadedScenario, policy: str, digest: str) -> PointResu
     start = time.perf_counter()
     try:
         frame, summary = simulate(loaded, policy)
-        summary["longest_cpu_stall_s"] = longest_cpu_stall(frame)
-        summary["scenario_hash"] = digest
     except Exception as exc:  # noqa: BLE001 - any failure of a point is reported, not raised
         return PointResult(time.perf_counter() - start, error=_one_line(exc),
                            traceback=traceback.format_exc())
     return PointResult(time.perf_counter() - start, frame, summary)
 
 
-def write_point(pdir: Path, result: PointResult) -> None:
+def write_point(pdir: Path, result: PointResult, digest: str, record: dict) -> None:
     """Write one computed point as it finishes: ``requests.parquet``, then ``summary.json``
     (last: it marks the point finished), each to a temporary name and renamed; or
-    ``error.txt`` when it failed."""
+    ``error.txt`` when it failed. Both carry the scenario hash ``digest`` and the provenance
+    ``record`` (:func:`runner.stamp`), added here, in the sweep's own process."""
     if result.summary is None:
         _write_error(pdir, result.traceback)
         return
     pdir.mkdir(parents=True, exist_ok=True)
-    write_records(result.frame, pdir / "requests.parquet")
-    write_json(pdir / "summary.json", result.summary)
+    write_records(result.frame, pdir / "requests.parquet", parquet_metadata(record))
+    write_json(pdir / "summary.json", [stamp(result.summary, digest, record)])
     (pdir / "error.txt").unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------- the sweep
 
 
-SWEEP_FILES = ("sweep.json", "sweep.csv", "sustainable.csv")
+SWEEP_FILES = ("sweep.json", "sweep.csv", "sustainable.csv", "sweep_ci.csv")
 POINT_FILES = ("requests.parquet", "summary.json", "error.txt")
 PLOT_SUFFIXES = (".png", ".pdf")
 
@@ -258,59 +264,110 @@ def _stale_message(out: Path, scenario: Path) -> str:
             f"it refers to changed since); use a new --out, or add --restart to discard it")
 
 
-def _check_resumable(out: Path, scenario: Path, digest: str,
-                     grid: Iterable[tuple[str, float]]) -> None:
+def _version_message(out: Path, old: dict | None) -> str:
+    return (f"{out}: holds a sweep made by {describe_version(old)}, but this is "
+            f"{describe_version(code_version())}; their points would mix two simulators, so use "
+            f"a new --out, or add --restart to discard it")
+
+
+def _point_version(summary: dict) -> dict | None:
+    record = summary.get("provenance")
+    if not isinstance(record, dict):
+        return None
+    return {k: record.get(k) for k in code_version()}
+
+
+def _check_resumable(out: Path, scenario: Path, digest: str, grid: Iterable[Point]) -> None:
+    """Refuse to resume into ``out`` when it holds points of another scenario version or of
+    another simulator version (:func:`provenance.code_version`)."""
     meta_path = out / "sweep.json"
     if meta_path.is_file():
         try:
-            old = json.loads(meta_path.read_text()).get("scenario_hash")
-        except (json.JSONDecodeError, AttributeError):
-            old = None
-        if old != digest:
+            meta = json.loads(meta_path.read_text())
+        except json.JSONDecodeError:
+            meta = {}
+        meta = meta if isinstance(meta, dict) else {}
+        if meta.get("scenario_hash") != digest:
             raise SweepError(_stale_message(out, scenario))
-    for policy, rate in grid:
-        summary = point_dir(out, policy, rate) / "summary.json"
-        if summary.is_file():
-            try:
-                old = json.loads(summary.read_text()).get("scenario_hash")
-            except (json.JSONDecodeError, AttributeError):
-                old = None
-            if old != digest:
-                raise SweepError(_stale_message(out, scenario))
-
-
-def sweep_table(out: Path, grid: Iterable[tuple[str, float]]) -> pd.DataFrame:
-    """sweep.csv's frame: one row per finished point of ``grid``, sorted by policy then rate."""
-    rows = []
-    for policy, rate in grid:
-        summary_path = point_dir(out, policy, rate) / "summary.json"
-        if not summary_path.is_file():
+        if meta.get("code_version") != code_version():
+            raise SweepError(_version_message(out, meta.get("code_version")))
+    for point in grid:
+        pdir = point_dir(out, *point)
+        if not (pdir / "summary.json").is_file():
             continue
-        s = json.loads(summary_path.read_text())
-        row = {c: s.get(c) for c in SWEEP_COLUMNS}
-        row["policy"], row["rate"] = policy, float(rate)
-        rows.append(row)
-    table = pd.DataFrame(rows, columns=list(SWEEP_COLUMNS))
-    for c in SWEEP_COLUMNS[2:]:
+        summary = read_point_summary(pdir)
+        if summary is None or summary.get("scenario_hash") != digest:
+            raise SweepError(_stale_message(out, scenario))
+        if _point_version(summary) != code_version():
+            raise SweepError(_version_message(out, _point_version(summary)))
+
+
+def metric_columns(summary: dict) -> list[str]:
+    """sweep.csv's metric columns for points summarized like ``summary``: the headline ones
+    (:data:`SWEEP_COLUMNS`), then every other number of the summary's top level (the
+    serving-benchmark set, in summarize()'s order)."""
+    extra = [k for k, v in summary.items() if k not in SWEEP_COLUMNS and k != "rate"
+             and (isinstance(v, int | float) or v is None) and not isinstance(v, bool)]
+    return [*SWEEP_COLUMNS[2:], *extra]
+
+
+def sweep_table(out: Path, grid: Iterable[Point]) -> pd.DataFrame:
+    """sweep.csv's frame: one row per finished point of ``grid``, sorted by policy, setting and
+    rate, with a column per grid key after ``rate``."""
+    rows, metrics, keys = [], list(SWEEP_COLUMNS[2:]), []
+    for policy, rate, setting in grid:
+        s = read_point_summary(point_dir(out, policy, rate, setting))
+        if s is None:
+            continue
+        metrics = metric_columns(s)
+        keys = [k for k, _ in setting]
+        rows.append({"policy": policy, "rate": float(rate), **dict(setting),
+                     **{c: s.get(c) for c in metrics}})
+    columns = ["policy", "rate", *keys, *metrics]
+    table = pd.DataFrame(rows, columns=columns)
+    for c in metrics:
         table[c] = pd.to_numeric(table[c], errors="coerce")
-    return table.sort_values(["policy", "rate"], kind="stable", ignore_index=True)
+    return table.sort_values(["policy", *keys, "rate"], kind="stable", ignore_index=True)
+
+
+def grid_columns(table: pd.DataFrame) -> list[str]:
+    """The grid keys of a sweep.csv frame (the columns between ``rate`` and the metrics)."""
+    start, stop = list(table.columns).index("rate") + 1, list(table.columns).index(
+        SWEEP_COLUMNS[2])
+    return list(table.columns[start:stop])
 
 
 def sustainable_table(table: pd.DataFrame, targets: Mapping[str, float]) -> pd.DataFrame:
-    """sustainable.csv's frame: for each policy and each target metric, the sustainable request
-    rate over that policy's points (:func:`metrics.sustainable_rate`): a float in req/s, or
-    ``above_sweep`` / ``below_sweep``. Points that failed are simply absent."""
+    """sustainable.csv's frame: for each policy (and grid setting) and each target metric, the
+    sustainable request rate over its points (:func:`metrics.sustainable_rate`): a float in
+    req/s, or ``above_sweep`` / ``below_sweep``. Points that failed are simply absent.
+
+    With several seeds the rate is read off the mean over seeds at each rate, and
+    ``rate_ci_low`` / ``rate_ci_high`` bound it (:func:`variance.sustainable_ci`)."""
+    keys = [k for k in grid_columns(table) if k != SEED_KEY]
+    seeded = SEED_KEY in table.columns
     rows = []
-    for policy, points in table.groupby("policy", sort=True):
-        points = points.sort_values("rate")
+    for group, points in table.groupby(["policy", *keys], sort=True, dropna=False):
+        labels = dict(zip(["policy", *keys], group, strict=True))
         for metric in TARGET_METRICS:
             if metric not in targets:
                 continue
-            rate = sustainable_rate(points["rate"].to_numpy(float),
-                                    points[metric].to_numpy(float), targets[metric])
-            rows.append({"policy": policy, "metric": metric, "target": float(targets[metric]),
-                         "rate": rate})
-    return pd.DataFrame(rows, columns=["policy", "metric", "target", "rate"])
+            by_rate = points.pivot(index="rate", columns=SEED_KEY,
+                                   values=metric) if seeded else None
+            if by_rate is None:
+                points = points.sort_values("rate")
+                rate = sustainable_rate(points["rate"].to_numpy(float),
+                                        points[metric].to_numpy(float), targets[metric])
+                ci = {}
+            else:
+                rate, low, high = sustainable_ci(by_rate.index.to_numpy(float),
+                                                 by_rate.to_numpy(float), targets[metric])
+                ci = {"rate_ci_low": low, "rate_ci_high": high}
+            rows.append({**labels, "metric": metric, "target": float(targets[metric]),
+                         "rate": rate, **ci})
+    columns = ["policy", *keys, "metric", "target", "rate"]
+    return pd.DataFrame(rows, columns=columns + (["rate_ci_low", "rate_ci_high"] if seeded
+                                                 else []))
 
 
 def format_rate(value: float | str, rates: Iterable[float] | None = None) -> str:
@@ -324,18 +381,28 @@ def format_rate(value: float | str, rates: Iterable[float] | None = None) -> str
 
 
 def format_sustainable(sustainable: pd.DataFrame, rates: Iterable[float]) -> str:
-    """The sustainable-rate table as aligned text (policies × target metrics)."""
+    """The sustainable-rate table as aligned text (policies, and grid settings, × target
+    metrics), with the 95% interval over seeds when there is one."""
     rates = list(rates)
     metrics = [m for m in TARGET_METRICS if m in set(sustainable["metric"])]
     targets = sustainable.drop_duplicates("metric").set_index("metric")["target"]
     short = {"normalized_latency_s": "norm. latency", "p99_ttft_s": "P99 TTFT",
              "p99_itl_s": "P99 ITL", "p99_tpot_s": "P99 TPOT"}
     unit = {"normalized_latency_s": " s/tok"}
+    keys = list(sustainable.columns[1:list(sustainable.columns).index("metric")])
     header = ["policy"] + [f"{short[m]} <= {targets[m]:g}{unit.get(m, ' s')}" for m in metrics]
     lines = [header]
-    for policy, rows in sustainable.groupby("policy", sort=True):
-        by_metric = rows.set_index("metric")["rate"]
-        lines.append([policy] + [format_rate(by_metric[m], rates) for m in metrics])
+    for group, rows in sustainable.groupby(["policy", *keys], sort=True, dropna=False):
+        group = group if isinstance(group, tuple) else (group,)
+        label = ",".join([str(group[0]), *(f"{k}={v}" for k, v in zip(keys, group[1:],
+                                                                     strict=True))])
+        cells = []
+        for _, row in rows.set_index("metric").loc[metrics].iterrows():
+            text = format_rate(row["rate"], rates)
+            if "rate_ci_low" in row and pd.notna(row["rate_ci_low"]):
+                text += f" [{row['rate_ci_low']:.3g}, {row['rate_ci_high']:.3g}]"
+            cells.append(text)
+        lines.append([label, *cells])
     widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
     text = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
             for row in lines]
@@ -349,21 +416,24 @@ def run_sweep(
     restart: bool = False,
     progress: bool = True,
     ray: str | None = None,
+    changes: dict | None = None,
 ) -> SweepResult:
     """Run (or resume) the sweep of ``scenario`` into ``out``; see the module docstring.
 
-    The points run in ``workers`` local processes (default: one per CPU), or, given ``ray``, as
-    tasks on the Ray cluster at that address (see :class:`executors.RayCluster`; ``workers``
-    then caps the points running at once, default no cap). Either way they give the same files.
+    ``changes`` (``--set``, nested like the file) are laid over every point. The points run in
+    ``workers`` local processes (default: one per CPU), or, given ``ray``, as tasks on the Ray
+    cluster at that address (see :class:`executors.RayCluster`; ``workers`` then caps the
+    points running at once, default no cap). Either way they give the same files.
 
-    Raises ScenarioError (bad scenario), SweepError (no sweep section, ``out`` holds a sweep of
-    another scenario version, bad ``workers``) and ExecutorUnavailable (Ray not installed or not
-    reachable) before computing anything, and SweepInterrupted on Ctrl-C. Failing points do not
-    raise: they are in ``result.failed``.
+    Raises ScenarioError (bad scenario or grid key), SweepError (no sweep section, ``out``
+    holds a sweep of another scenario or simulator version, bad ``workers``) and
+    ExecutorUnavailable (Ray not installed or not reachable) before computing anything, and
+    SweepInterrupted on Ctrl-C. Failing points do not raise: they are in ``result.failed``.
     """
     scenario, out = Path(scenario), Path(out)
+    changes = changes or {}
     start = time.perf_counter()
-    spec = read_scenario(scenario)
+    spec = read_scenario(scenario, changes)
     if spec.sweep is None:
         raise SweepError(f"{scenario}: sweep: the scenario has no sweep section; add e.g. "
                          f"`sweep: {{rates: [1.0, 2.0, 3.0]}}` (offered req/s, increasing)")
@@ -371,12 +441,22 @@ def run_sweep(
         raise SweepError(f"--workers: must be at least 1 (got {workers})")
     cluster = RayCluster(ray, max_running=workers) if ray is not None else None
     rates = [float(r) for r in spec.sweep.rates]
-    # Everything a worker could trip over in the scenario fails here, once, as one line.
-    first = load_scenario(scenario, rate=rates[0])
+    grid_spec = dict(spec.sweep.grid)
+    if spec.sweep.seeds is not None:
+        grid_spec[SEED_KEY] = list(spec.sweep.seeds)
+    settings = grid_settings(grid_spec)
+
+    def load(rate: float, setting: Setting) -> LoadedScenario:
+        return load_scenario(scenario, rate=rate, changes=merged(changes, nested(setting)))
+
+    # Everything a worker could trip over in the scenario fails here, once, as one line; each
+    # setting is checked at the first rate, which also validates every grid key.
+    loads = {(rates[0], st): load(rates[0], st) for st in settings}
+    first = loads[rates[0], settings[0]]
     policies = list(dict.fromkeys(first.spec.policies))  # a repeated name runs once
-    grid = [(p, r) for p in policies for r in rates]
+    grid = [(p, r, st) for p in policies for st in settings for r in rates]
     targets = first.spec.targets.model_dump()
-    digest = scenario_hash(scenario)
+    digest = scenario_hash(scenario, changes)
     _check_out(out)
     if restart:
         _clear(out)
@@ -387,15 +467,17 @@ def run_sweep(
         "scenario": str(scenario.resolve()), "name": first.spec.name, "scenario_hash": digest,
         "hashed_files": [str(f.resolve()) for f in referenced_files(scenario, first.spec)],
         "policies": policies, "rates": rates, "targets": targets,
+        "grid": grid_spec, "changes": changes, "code_version": code_version(),
+        "provenance": provenance(first),
     })
 
-    outcomes: dict[tuple[str, float], PointOutcome] = {}
+    outcomes: dict[Point, PointOutcome] = {}
     todo = []
-    for policy, rate in grid:
-        if (point_dir(out, policy, rate) / "summary.json").is_file():
-            outcomes[policy, rate] = PointOutcome(policy, rate, "skipped")
+    for point in grid:
+        if (point_dir(out, *point) / "summary.json").is_file():
+            outcomes[point] = PointOutcome(point[0], point[1], "skipped", setting=point[2])
         else:
-            todo.append((policy, rate))
+            todo.append(point)
     if cluster is not None:
         executor = cluster
     else:
@@ -404,20 +486,20 @@ def run_sweep(
     if not isinstance(executor, InProcess):
         # Longest points (highest rates) first, so the last busy worker finishes soonest.
         todo.sort(key=lambda point: -point[1])
-    # Each rate is loaded once, here; its policies' points share it.
-    loads = {rates[0]: first}
-    for _, rate in todo:
-        if rate not in loads:
-            loads[rate] = load_scenario(scenario, rate=rate)
+    # Each (rate, setting) is loaded once, here; its policies' points share it.
+    for _, rate, setting in todo:
+        if (rate, setting) not in loads:
+            loads[rate, setting] = load(rate, setting)
+    records = {key: provenance(loaded) for key, loaded in loads.items()}
     bar = None
 
-    def on_result(point: tuple[str, float], result: PointResult | BaseException) -> None:
+    def on_result(point: Point, result: PointResult | BaseException) -> None:
         if isinstance(result, BaseException):  # e.g. its worker was killed by the OS
             result = PointResult(None, error=_one_line(result),
                                  traceback="".join(traceback.format_exception(result)))
-        write_point(point_dir(out, *point), result)
-        outcome = PointOutcome(*point, "failed" if result.summary is None else "done",
-                               result.wall_s, result.error)
+        write_point(point_dir(out, *point), result, digest, records[point[1], point[2]])
+        outcome = PointOutcome(point[0], point[1], "failed" if result.summary is None else
+                               "done", result.wall_s, result.error, point[2])
         outcomes[point] = outcome
         if outcome.error is not None and progress:
             bar.write(f"point {outcome.name} failed: {outcome.error}")
@@ -428,9 +510,9 @@ def run_sweep(
     try:
         if todo:
             with executor:
-                bar = tqdm(total=len(grid), initial=len(grid) - len(todo), unit="point",
-                           desc=f"sweep {spec.name}", disable=not progress, leave=False)
-                calls = [(loads[rate], policy, digest) for policy, rate in todo]
+                bar = progress_bar(progress, total=len(grid), initial=len(grid) - len(todo),
+                                   unit="point", desc=f"sweep {spec.name}", leave=False)
+                calls = [(loads[rate, setting], policy) for policy, rate, setting in todo]
                 for index, result in executor.run(compute_point, calls):
                     on_result(todo[index], result)
     except KeyboardInterrupt:
@@ -444,6 +526,9 @@ def run_sweep(
 
     table = sweep_table(out, grid)
     write_text_atomically(out / "sweep.csv", table.to_csv(index=False))
+    if SEED_KEY in table.columns:
+        write_text_atomically(out / "sweep_ci.csv",
+                              ci_table(table, grid_columns(table)).to_csv(index=False))
     sustainable = sustainable_table(table, targets)
     write_text_atomically(out / "sustainable.csv", sustainable.to_csv(index=False))
     return SweepResult(out, spec.name, targets, [outcomes[k] for k in grid], table, sustainable,

@@ -13,6 +13,7 @@ only the standard library, because the simulator (`dualpace-sim run`) and the re
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -57,6 +58,7 @@ class TraceRecorder:
         # (source track, source s, destination track, destination s) per arrow
         self._flows: list[tuple[str, float, str, float]] = []
         self._open_flows: dict[Hashable, tuple[str, float]] = {}  # key -> (source track, s)
+        self._counters: list[tuple[str, float, dict]] = []  # (counter track, s, {series: value})
 
     def complete(self, track: str, name: str, start_s: float, end_s: float, **args) -> None:
         """A slice from `start_s` to `end_s` on `track`; `args` show in the viewer's details."""
@@ -84,6 +86,12 @@ class TraceRecorder:
             source = self._open_flows.pop(key, None)
             if source is not None:
                 self._flows.append((*source, track, at_s))
+
+    def counter(self, name: str, at_s: float, **values: float) -> None:
+        """A sample of the counter track ``name`` (Perfetto draws it as a step plot): each of
+        ``values`` is one series of the track, holding until the next sample."""
+        with self._lock:
+            self._counters.append((name, at_s, values))
 
     def events(self, pid: int) -> list[dict]:
         """This node's events in the Trace Event Format, as process `pid`. Times are rounded to
@@ -127,6 +135,8 @@ class TraceRecorder:
             if args:
                 event["args"] = args
             yield event
+        for name, at_s, values in self._counters:
+            yield {"ph": "C", "pid": pid, "name": name, "ts": _ns(at_s) / 1000, "args": values}
         for n, (src_track, src_s, dst_track, dst_s) in enumerate(self._flows):
             flow = {"name": MIGRATION, "cat": MIGRATION, "id": pid * _FLOW_IDS_PER_PROCESS + n,
                     "pid": pid}
@@ -135,7 +145,9 @@ class TraceRecorder:
 
 
 def write_trace(path: Path, recorders: Sequence[TraceRecorder]) -> None:
-    """Write one trace file holding each recorder as its own process (pid 1, 2, ...).
+    """Write one trace file holding each recorder as its own process (pid 1, 2, ...); gzip
+    when the name ends in ``.gz`` (Perfetto opens it as it is), with no timestamp in the gzip
+    header, so identical runs still give identical files.
 
     Streamed, event batch by event batch, so memory stays that of the recorders; written to a
     temporary name and renamed, so a trace rewritten after each policy keeps the earlier
@@ -143,12 +155,20 @@ def write_trace(path: Path, recorders: Sequence[TraceRecorder]) -> None:
     """
     path.parent.mkdir(parents=True, exist_ok=True)
 
+    def events(write: Callable[[str], object]) -> None:
+        write('{"traceEvents":[')
+        for pid, rec in enumerate(recorders, 1):  # each writes its process's names at least
+            rec.write_events(pid, write, first=pid == 1)
+        write('],"displayTimeUnit":"ms"}')
+
     def write(tmp: Path) -> None:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write('{"traceEvents":[')
-            for pid, rec in enumerate(recorders, 1):  # each writes its process's names at least
-                rec.write_events(pid, f.write, first=pid == 1)
-            f.write('],"displayTimeUnit":"ms"}')
+        if path.suffix == ".gz":
+            with tmp.open("wb") as f, gzip.GzipFile(fileobj=f, mode="wb", mtime=0,
+                                                     filename="") as gz:
+                events(lambda text: gz.write(text.encode()))
+        else:
+            with tmp.open("w", encoding="utf-8") as f:
+                events(f.write)
 
     replace_atomically(path, write)
 

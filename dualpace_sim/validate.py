@@ -35,9 +35,10 @@ from .costs.profile import Controls, Profile, load_profile
 from .metrics import summarize
 from .outputs import write_json
 from .plots import plot_latency_cdf_overlay, plot_timeline_overlay
+from .provenance import parquet_metadata, provenance, scenario_hash
 from .records import read_records, write_records
 from .replay import ReplayReport, replay_run
-from .runner import simulate
+from .runner import simulate, stamp
 from .scenario import LoadedScenario, load_scenario
 
 METRICS = (
@@ -337,13 +338,15 @@ def validate(real_dir: Path | str, scenario: Path | str, out_dir: Path | str | N
         raise ValidateError(str(e)) from None
     sim_frames: dict[str, pd.DataFrame] = {}
     sim_summaries: list[dict] = []
+    record, digest = provenance(loaded), scenario_hash(loaded.path)
     for policy in real.frames:
         frame, summary = simulate(loaded, policy, progress)
         sim_frames[policy] = frame
-        sim_summaries.append(summary)
+        sim_summaries.append(stamp(summary, digest, record))
     sim_dir = out / "sim"
     sim_dir.mkdir(parents=True, exist_ok=True)
-    write_records(pd.concat(sim_frames.values(), ignore_index=True), sim_dir / "requests.parquet")
+    write_records(pd.concat(sim_frames.values(), ignore_index=True), sim_dir / "requests.parquet",
+                  parquet_metadata(record))
     write_json(sim_dir / "summary.json", sim_summaries)
 
     table = compare(real.frames, sim_frames)

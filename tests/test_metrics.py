@@ -154,3 +154,38 @@ def test_longest_cpu_stall_edge_cases():
     assert longest_cpu_stall(two) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="one policy"):
         longest_cpu_stall(pd.concat([two, two.assign(policy="y")]))
+
+
+def test_serving_metric_set_matches_hand_computation(records):
+    """A: arrival 0, tokens 1, 2, 4; B: arrival 1, tokens 2, 3.5; C: 1 of 4 tokens at 5; D none.
+    Prompts are 10 tokens each; makespan 5 s."""
+    s = summarize(records, percentiles=(50, 90, 99.9), slos={"p99_ttft_s": 1.0,
+                                                              "p99_tpot_s": 1.5,
+                                                              "normalized_latency_s": 1.3})
+    assert s["request_throughput_req_s"] == pytest.approx(2 / 5)  # A and B completed
+    assert s["output_throughput_tok_s"] == pytest.approx(6 / 5) == s["throughput_tok_s"]
+    assert s["total_token_throughput_tok_s"] == pytest.approx((6 + 3 * 10) / 5)  # A, B, C prefilled
+    ttft = np.array([1.0, 1.0, 3.0])
+    assert s["mean_ttft_s"] == pytest.approx(5 / 3)
+    assert s["median_ttft_s"] == pytest.approx(1.0)
+    assert s["std_ttft_s"] == pytest.approx(ttft.std())
+    assert s["p90_ttft_s"] == pytest.approx(1 + 0.8 * 2)  # position 1.8 of [1, 1, 3]
+    assert s["p99.9_ttft_s"] == pytest.approx(1 + 0.998 * 2)
+    assert s["mean_tpot_s"] == pytest.approx(1.5) and s["std_tpot_s"] == pytest.approx(0.0)
+    assert s["mean_itl_s"] == pytest.approx(1.5) and s["median_itl_s"] == pytest.approx(1.5)
+    assert s["std_itl_s"] == pytest.approx(np.std([1.0, 1.5, 2.0]))
+    # e2el over completed requests: A 4, B 2.5
+    assert s["mean_e2el_s"] == pytest.approx(3.25) and s["p50_e2el_s"] == pytest.approx(3.25)
+    assert s["p90_e2el_s"] == pytest.approx(2.5 + 0.9 * 1.5)
+    # goodput: A (ttft 1, tpot 1.5, 4/3 s per token > 1.3) misses; B (1, 1.5, 1.25) is good
+    assert s["good_requests"] == 1 and s["goodput_req_s"] == pytest.approx(1 / 5)
+    assert summarize(records)["good_requests"] == 2  # no targets: every completed request
+    assert "p95_ttft_s" not in s and "p95_ttft_s" in summarize(records)
+
+
+def test_serving_metrics_of_nothing_are_nan():
+    s = summarize(records_frame([], "x"))
+    for key in ("request_throughput_req_s", "goodput_req_s", "mean_e2el_s", "std_itl_s",
+                "p90_tpot_s"):
+        assert math.isnan(s[key]), key
+    assert s["good_requests"] == 0

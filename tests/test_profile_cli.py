@@ -177,3 +177,25 @@ def test_list_fails_clearly_on_a_missing_or_empty_folder(tmp_path):
     assert result.exit_code == 2 and "no such folder" in result.output
     result = runner.invoke(profile_app, ["list", str(tmp_path)])
     assert result.exit_code == 2 and "no profiles under" in result.output
+
+
+def test_show_on_a_scenario_says_it_is_a_scenario_and_names_its_profile():
+    scenario = RTX4090_LLAMA.parents[3] / "scenarios" / "quickstart.yaml"
+    result = runner.invoke(profile_app, ["show", str(scenario)])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert lines == [f"error: {scenario}: a scenario, not a profile; its profile is "
+                     f"{RTX4090_LLAMA} (give that file, or `dualpace-sim run {scenario}` to "
+                     f"simulate the scenario)"]
+
+
+def test_compare_names_the_two_profiles_it_compares(tmp_path):
+    other = tmp_path / "other.yaml"
+    shutil.copy(RTX4090_LLAMA, other)
+    result = runner.invoke(profile_app, ["compare", str(RTX4090_LLAMA), str(other)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith(f"A: {RTX4090_LLAMA} (roofline, ")
+    assert lines[1].startswith(f"B: {other} (roofline, ")
+    assert "| table | points | median A/B |" in result.output
+    assert "measured/roofline" not in result.output

@@ -54,7 +54,9 @@ def test_sweep_writes_points_csvs_and_sustainable_rates(scenario, tmp_path):
     assert result.exit_code == 0, result.output
     for rate in RATES:
         point = out / "points" / point_name("dualpace", rate)
-        summary = json.loads((point / "summary.json").read_text())
+        entries = json.loads((point / "summary.json").read_text())
+        assert isinstance(entries, list) and len(entries) == 1  # the shape of run's summary
+        summary = entries[0]
         assert summary["rate"] == rate and summary["policy"] == "dualpace"
         assert len(read_records(point / "requests.parquet")) == 40
         assert not list(point.glob(".*tmp"))
@@ -246,3 +248,44 @@ def test_a_stalled_point_is_reported_as_deterministic(scenario, tmp_path, monkey
     assert result.exit_code == 1
     assert "the stalls are deterministic" in result.stderr
     assert "rerun the same command" not in result.stderr
+def test_a_grid_sweeps_any_field_at_every_rate(write_scenario, tmp_path):
+    path = write_scenario(workload={"num_requests": 30},
+                          sweep={"rates": [2.0, 8.0],
+                                 "grid": {"scheduler.host_kv_blocks": [2048, 4096],
+                                          "workload.max_output_tokens": [64]}})
+    result = sweep_cli(path, "--out", tmp_path / "sw", "--workers", 1, "--quiet")
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(tmp_path / "sw" / "sweep.csv")
+    assert list(table.columns[:4]) == ["policy", "rate", "scheduler.host_kv_blocks",
+                                       "workload.max_output_tokens"]
+    assert list(zip(table["scheduler.host_kv_blocks"], table["rate"], strict=True)) == [
+        (2048, 2.0), (2048, 8.0), (4096, 2.0), (4096, 8.0)]
+    point = tmp_path / "sw" / "points" / point_name(
+        "dualpace", 8.0, (("scheduler.host_kv_blocks", 2048), ("workload.max_output_tokens", 64)))
+    summary = json.loads((point / "summary.json").read_text())[0]
+    assert summary["capacities"]["host_kv_blocks"] == 2048
+    assert read_records(point / "requests.parquet")["max_tokens"].max() <= 64
+    sustainable = pd.read_csv(tmp_path / "sw" / "sustainable.csv")
+    assert list(sustainable.columns) == ["policy", "scheduler.host_kv_blocks",
+                                         "workload.max_output_tokens", "metric", "target", "rate"]
+    assert len(sustainable) == 2 * 4
+
+
+@pytest.mark.parametrize("grid, expected", [
+    ({"scheduler.host_kv_blokcs": [1, 2]}, "scheduler.host_kv_blokcs: unknown key"),
+    ({"workload.rate": [1, 2]}, "workload.rate cannot be a grid key"),
+    ({"scheduler.host_kv_blocks": [0]}, "scheduler.host_kv_blocks:"),
+])
+def test_bad_grid_keys_exit_2(write_scenario, tmp_path, grid, expected):
+    path = write_scenario(sweep={"rates": [1.0, 2.0], "grid": grid})
+    result = sweep_cli(path, "--out", tmp_path / "sw")
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1 and expected in result.output
+
+
+def test_progress_bars_stay_out_of_logs(scenario, tmp_path):
+    """CliRunner's streams are not terminals, as a CI log or `> file` is not: no bar."""
+    result = sweep_cli(scenario, "--out", tmp_path / "sw", "--workers", 1)
+    assert result.exit_code == 0, result.output
+    assert "\r" not in result.output and "point/s" not in result.output
+    assert "sustainable request rate" in result.output

@@ -3,6 +3,7 @@ on the quickstart scenario checked against what the simulator did."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
@@ -57,6 +58,19 @@ def test_recorder_writes_slices_tracks_and_flows_in_the_trace_event_format(tmp_p
     assert start["id"] == end["id"] and end["bp"] == "e"
     assert (start["ts"], end["ts"]) == (1.25e6, 2.1e6)
     assert start["tid"] == swap["tid"] and end["tid"] != swap["tid"]
+
+
+def test_a_gz_name_writes_gzip_and_identical_runs_give_identical_files(tmp_path):
+    def write(name):
+        rec = TraceRecorder("p")
+        rec.complete(GPU_ENGINE, "forward", 0.0, 1.0, decodes=3)
+        rec.write(tmp_path / name)
+        return tmp_path / name
+
+    first, second, plain = write("a.json.gz"), write("b.json.gz"), write("c.json")
+    assert first.read_bytes()[:2] == b"\x1f\x8b"  # the gzip magic number
+    assert first.read_bytes() == second.read_bytes()
+    assert json.loads(gzip.decompress(first.read_bytes())) == json.loads(plain.read_text())
 
 
 def test_slices_that_touch_in_seconds_touch_exactly_in_the_file(tmp_path):

@@ -1,8 +1,9 @@
 """MkDocs hook: add the generated reference pages to every build.
 
-The CLI, scenario and profile references are made from the code on each `mkdocs build`, never
-committed, so they cannot go stale. What the code leaves undocumented (a command, option or
-schema key without help text) is logged as a warning, which fails `mkdocs build --strict`.
+The CLI, scenario, profile and output references are made from the code on each
+`mkdocs build`, never committed, so they cannot go stale. What the code leaves undocumented (a
+command, option or schema key without help text) is logged as a warning, which fails
+`mkdocs build --strict`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 
 from cli_reference import cli_reference, undocumented
 from mkdocs.structure.files import File
+from output_reference import output_reference
 from schema_reference import schema_reference
 
 from dualpace_hw.cli import app as hw_app
@@ -55,6 +57,7 @@ def reference_pages() -> tuple[dict[str, str], list[str]]:
         "reference/cli.md": cli_reference(APPS, "Command-line reference", CLI_INTRO),
         "reference/scenario.md": scenario.markdown,
         "reference/profile.md": profile.markdown,
+        "reference/outputs.md": output_reference(),
     }
     missing = [f"{prog}: {item}" for app, prog in APPS for item in undocumented(app, prog)]
     missing += [f"scenario: {key}" for key in scenario.undocumented]

@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from dualpace_sim.costs.fit import fit_controls, with_controls
 from dualpace_sim.costs.profile import Profile
 from dualpace_sim.costs.shapes import ModelShape
+from dualpace_sim.progress import progress_bar
 
 from .. import hostinfo as box
 from ..cpu_worker import ASSIST_KINDS
@@ -192,7 +192,7 @@ def run_profile(opt: Options) -> Profile:
         n_points = sum(len(x) * (len(y) if y else 1) for _, x, y, _ in tables)
         n_points += 6 * len(grids.cpu_batches) + 6 + (6 if opt.gpu_tp == 1 else 0)
         n_points += FLOOR_SAMPLES * (2 if opt.gpu_tp == 1 else 1)
-        bar = stack.enter_context(tqdm(total=n_points, disable=not opt.progress, unit="pt"))
+        bar = stack.enter_context(progress_bar(opt.progress, total=n_points, unit="pt"))
 
         def point(key: str, measure: Callable[[], float]) -> float:
             bar.set_description(key.split("|")[0])

@@ -17,6 +17,20 @@ from dualpace_sim.inputs import read_text
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
+# config.json fields of architectures the costs do not model, each with what it means. A
+# config with one of them set would otherwise be priced as the dense Llama-style model its
+# other fields describe (a Mixtral as a Mistral-7B), silently wrong.
+UNMODELLED_FIELDS = {
+    "num_local_experts": "mixture-of-experts layers",
+    "num_experts": "mixture-of-experts layers",
+    "n_routed_experts": "mixture-of-experts layers",
+    "num_experts_per_tok": "mixture-of-experts routing",
+    "moe_intermediate_size": "mixture-of-experts layers",
+    "kv_lora_rank": "multi-head latent attention (MLA)",
+    "q_lora_rank": "multi-head latent attention (MLA)",
+    "quantization_config": "quantized weights",
+}
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -171,6 +185,7 @@ class ModelShape:
                 raise ValueError(f"{path}: expected a JSON object (a Hugging Face config.json)")
             default_name = path.parent.name or None
         cfg = cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg
+        refuse_unmodelled(cfg, str(path) if not isinstance(source, dict) else "config")
         try:
             return cls._from_fields(cfg, name, default_name)
         except KeyError as e:
@@ -201,6 +216,20 @@ class ModelShape:
             rope_theta=float(cfg.get("rope_theta", 10000.0)),
             **_rope_scaling(cfg.get("rope_scaling")),
         )
+
+
+def refuse_unmodelled(cfg: dict[str, Any], where: str) -> None:
+    """A one-line ValueError naming the first field of ``cfg`` that describes an architecture
+    the costs do not model (:data:`UNMODELLED_FIELDS`, or sliding-window attention in use)."""
+    for key, what in UNMODELLED_FIELDS.items():
+        if cfg.get(key) not in (None, 0, 1, {}):
+            raise ValueError(f"{where}: {key}: {what} ({key} = {cfg[key]!r}) are not modelled "
+                             f"by the simulator yet; use a dense model's config")
+    window = cfg.get("sliding_window")
+    if window not in (None, 0) and cfg.get("use_sliding_window", True) is not False:
+        raise ValueError(f"{where}: sliding_window: sliding-window attention (window {window}) "
+                         f"is not modelled by the simulator yet; use a full-attention model's "
+                         f"config (or one with use_sliding_window: false)")
 
 
 def _rope_scaling(scaling: dict[str, Any] | None) -> dict[str, Any]:

@@ -15,8 +15,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from tqdm import tqdm
-
+from dualpace_sim.progress import progress_bar
 from dualpace_sim.workload.registry import TraceEntry, trace_entry
 from dualpace_sim.workload.spec import WorkloadError
 
@@ -98,8 +97,8 @@ def _download(entry: TraceEntry, dest: Path, timeout_s: float, progress: bool) -
     try:
         with os.fdopen(fd, "wb") as f, urllib.request.urlopen(entry.url, timeout=timeout_s) as r:
             total = int(r.headers.get("Content-Length") or 0) or None
-            with tqdm(total=total, unit="B", unit_scale=True, desc=entry.name,
-                      disable=not progress) as bar:
+            with progress_bar(progress, total=total, unit="B", unit_scale=True,
+                              desc=entry.name) as bar:
                 while chunk := r.read(CHUNK_BYTES):
                     f.write(chunk)
                     digest.update(chunk)

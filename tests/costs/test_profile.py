@@ -84,7 +84,7 @@ def test_several_errors_are_counted(tmp_path, tiny_profile):
 def test_yaml_syntax_error_names_file_and_line(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("format: dualpace-profile/1\ngpu: [1, 2\n")
-    with pytest.raises(ProfileError, match=r"broken.yaml: invalid YAML \(line \d+\)"):
+    with pytest.raises(ProfileError, match=r"broken.yaml: not valid YAML at line \d+, column \d+"):
         load_profile(path)
 
 

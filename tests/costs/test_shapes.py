@@ -105,3 +105,29 @@ def test_hf_config_reads_llama3_rope_scaling_and_refuses_other_kinds():
     cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
     with pytest.raises(ValueError, match="yarn"):
         ModelShape.from_hf_config(cfg)
+
+
+DENSE = {"model_type": "mistral", "num_hidden_layers": 32, "hidden_size": 4096,
+         "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+         "vocab_size": 32000}
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"num_local_experts": 8, "num_experts_per_tok": 2}, "num_local_experts"),
+    ({"num_experts": 64, "moe_intermediate_size": 1408}, "num_experts"),
+    ({"n_routed_experts": 160, "kv_lora_rank": 512}, "n_routed_experts"),
+    ({"kv_lora_rank": 512, "q_lora_rank": 1536}, "kv_lora_rank"),
+    ({"quantization_config": {"quant_method": "awq", "bits": 4}}, "quantization_config"),
+    ({"sliding_window": 4096}, "sliding_window"),
+])
+def test_configs_of_unmodelled_architectures_are_refused_naming_the_field(extra, field):
+    with pytest.raises(ValueError, match=rf"^config: {field}: .* not modelled"):
+        ModelShape.from_hf_config({**DENSE, **extra})
+
+
+def test_inactive_sliding_window_and_empty_fields_are_dense():
+    """Qwen2/3 configs carry sliding_window with use_sliding_window false; Mistral v0.2 a null."""
+    for extra in ({"sliding_window": 131072, "use_sliding_window": False},
+                  {"sliding_window": None}, {"quantization_config": None},
+                  {"num_local_experts": 1}):
+        assert ModelShape.from_hf_config({**DENSE, **extra}, name="m").n_layers == 32

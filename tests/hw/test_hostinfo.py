@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from dualpace_hw import hostinfo
 from dualpace_hw.hostinfo import last_level_cache_bytes, numa_nodes, rank_cores
 
 
@@ -49,3 +52,13 @@ def test_last_level_cache_is_the_highest_level_sysfs_lists(tmp_path):
         (d / "size").write_text(f"{size}\n")
     assert last_level_cache_bytes(tmp_path) == 105 * 2**20
     assert last_level_cache_bytes(tmp_path / "missing") == 0
+
+
+def test_onednn_version_is_the_version_not_the_build_settings():
+    config = ("PyTorch built with:\n  - Intel(R) MKL-DNN v3.12.0 (Git Hash 80afa71)\n"
+              "  - Build settings: BLAS_INFO=mkl, USE_MKLDNN=ON, TORCH_VERSION=2.13.0\n")
+    assert hostinfo.onednn_version(config) == "3.12.0"
+    assert hostinfo.onednn_version("  - oneDNN v3.7.1 (Git Hash 1)\n") == "3.7.1"
+    assert hostinfo.onednn_version("  - Build settings: USE_MKLDNN=ON\n") is None
+    mine = hostinfo.onednn_version()
+    assert mine is None or re.fullmatch(r"\d+(\.\d+)+", mine)

@@ -38,6 +38,9 @@ def test_quick_profile_has_provenance_fits_and_plots(quick_profile):
     prov = profile.provenance
     assert prov.method == "measured" and prov.torch_version and prov.cpu_cores == 2
     assert "QUICK" in prov.notes and prov.command.startswith("dualpace-hw profile")
+    # run via the old name --gpu-device, recorded under the one name both commands share
+    assert "--device cpu" in prov.command and "--gpu-device" not in prov.command
+    assert prov.onednn_version is None or prov.onednn_version[0].isdigit()
     assert profile.box.name == "ci-box" and profile.model.name == "tiny-llama"
     c = profile.controls
     lines = output.strip().splitlines()[-4:]
@@ -495,3 +498,10 @@ def test_rank_rounds_are_timed_at_the_depth_rank_0s_gpu_holds(monkeypatch):
     free(1 << 30)
     assert timed_depth(shape, 2, cuda, 4096, 16) == 2
     assert timed_depth(shape, 2, torch.device("cpu"), 4096, 16) == shape.n_layers
+
+
+@pytest.mark.parametrize("command", ["run", "profile"])
+def test_run_and_profile_name_the_device_alike(command):
+    result = CliRunner().invoke(hw_app, [command, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "--device" in result.output and "--gpu-device" in result.output

@@ -1,0 +1,53 @@
+"""The output reference page, made from dualpace_sim/output_reference.py at docs build time.
+
+The tables there are checked against real outputs by the tests, so this page, made from them,
+names every column and key the simulator writes, in its units.
+"""
+
+from __future__ import annotations
+
+from mdtext import cell
+
+from dualpace_sim import output_reference as ref
+from dualpace_sim.provenance import PARQUET_KEY
+
+INTRO = """\
+What `dualpace-sim run`, `sweep`, `capacity` and `validate` write, column by column and key by
+key, generated from `dualpace_sim/output_reference.py` when the docs are built. Times are in
+seconds, rates in requests per second, throughputs in tokens per second. A name with `<P>`
+stands for each of the scenario's `metrics.percentiles` (default 50, 90, 95, 99; `99.9` is
+written `p99.9`), and `<latency>` for each of `ttft`, `tpot`, `itl` and `e2el`. For vLLM's
+benchmark layout of the same numbers (milliseconds), see
+[Comparing with vLLM's benchmark](../vllm-benchmark.md)."""
+
+SECTIONS = [
+    ("requests.parquet", "One row per request and policy (`run`, each sweep point, "
+     "`validate`'s `sim/`). The file's key-value metadata holds the provenance below as JSON "
+     f"under `{PARQUET_KEY}` (`dualpace_sim.records.read_metadata`).", ref.RECORDS),
+    ("summary.json", "A list with one entry per policy, in the same shape for `run`, each "
+     "sweep point (a list of one) and `validate`'s `sim/`.", ref.SUMMARY),
+    ("summary.json: engine", "The engines' counters of one policy's run.", ref.ENGINE),
+    ("summary.json: provenance", "How the result was made; identical runs give identical "
+     "values (no clock is read).", ref.PROVENANCE),
+    ("sweep.json", "What a sweep ran; a rerun resumes only when the scenario hash and the "
+     "code version match.", ref.SWEEP_JSON),
+    ("sweep.csv", "One row per finished point, sorted by policy, grid setting and rate.",
+     ref.SWEEP_CSV),
+    ("sustainable.csv", "The sustainable request rate per policy (and grid setting) and "
+     "target.", ref.SUSTAINABLE_CSV),
+    ("sweep_ci.csv", "Only with `sweep.seeds`: every metric's mean over the seeds and its "
+     "interval.", ref.SWEEP_CI_CSV),
+    ("capacity.csv", "`dualpace-sim capacity --out DIR`: one row per policy.", ref.CAPACITY_CSV),
+    ("validation.csv", "`dualpace-sim validate`: one row per policy and metric.",
+     ref.VALIDATION_CSV),
+    ("Trace tracks", "`--trace-events FILE` (Chrome/Perfetto JSON, gzip when FILE ends in "
+     "`.gz`): one process per policy, one thread per track.", ref.TRACE_TRACKS),
+]
+
+
+def output_reference() -> str:
+    out = ["# Output reference", "", INTRO]
+    for title, text, rows in SECTIONS:
+        out += ["", f"## {title}", "", text, "", "| name | unit | meaning |", "|---|---|---|"]
+        out += [f"| `{name}` | {unit} | {cell(meaning)} |" for name, unit, meaning in rows]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,207 @@
+"""What every output file holds: each column and key with its unit and meaning.
+
+The docs' output reference (docs/gen/output_reference.py) is made from these tables, and
+tests/test_output_reference.py checks them against real outputs in both directions (every
+column or key a run writes is described here, and everything described is written), so the
+page cannot drift from the files. A name containing ``<P>`` or ``<latency>`` stands for a
+family: ``<P>`` each of the scenario's ``metrics.percentiles`` as vLLM spells it (``99``,
+``99.9``), ``<latency>`` each of ``ttft``, ``tpot``, ``itl`` and ``e2el``.
+"""
+
+from __future__ import annotations
+
+import re
+
+# (name, unit, meaning)
+Row = tuple[str, str, str]
+
+RECORDS: list[Row] = [
+    ("policy", "", "the policy that served the request: dualpace, vllm or neo"),
+    ("request_id", "", "the request's index in arrival order, from 0"),
+    ("arrival_s", "s", "when the request arrived, from the run's start"),
+    ("prompt_tokens", "tokens", "prompt length"),
+    ("max_tokens", "tokens", "output length the request asks for"),
+    ("n_tokens", "tokens", "output tokens it produced; equal to max_tokens when it completed"),
+    ("first_token_s", "s", "time of its first output token; NaN when it produced none"),
+    ("finish_s", "s", "time of its last output token; NaN when it produced none"),
+    ("token_times_s", "s", "the time of every output token, as the client sees it"),
+    ("token_owners", "", "one letter per output token: G (GPU engine) or C (CPU engine)"),
+    ("migration_times_s", "s", "the time of each migration of the request's KV"),
+    ("migration_kinds", "", "the kind of each migration: swap_out, swap_in, prefill_to_cpu, "
+                            "preempt_recompute"),
+]
+
+LATENCY_NAMES = {"ttft": "time to first token (every request with a token)",
+                 "tpot": "time per output token after the first, (e2e - TTFT) / (n - 1) "
+                         "(completed requests with n > 1)",
+                 "itl": "every gap between consecutive tokens of a request",
+                 "e2el": "end-to-end latency, last token - arrival (completed requests)"}
+
+SUMMARY: list[Row] = [
+    ("scenario", "", "the scenario's name"),
+    ("policy", "", "the policy of this entry"),
+    ("rate", "req/s", "offered rate (null for trace arrivals)"),
+    ("submitted", "requests", "requests in the workload"),
+    ("completed", "requests", "requests that produced all their tokens"),
+    ("normalized_latency_s", "s/token", "mean over completed requests of e2e latency / output "
+                                        "tokens (the paper's metric)"),
+    ("mean_ttft_s", "s", "mean TTFT"),
+    ("p50_ttft_s", "s", "median TTFT"),
+    ("p99_ttft_s", "s", "99th percentile TTFT"),
+    ("p99_itl_s", "s", "99th percentile ITL"),
+    ("p99_tpot_s", "s", "99th percentile TPOT"),
+    ("throughput_tok_s", "tokens/s", "output tokens over the makespan"),
+    ("cpu_token_fraction", "", "share of output tokens the CPU engine produced"),
+    ("makespan_s", "s", "first arrival to last token: the window of the throughputs"),
+    ("request_throughput_req_s", "req/s", "completed requests over the makespan"),
+    ("output_throughput_tok_s", "tokens/s", "output tokens over the makespan (= "
+                                            "throughput_tok_s)"),
+    ("total_token_throughput_tok_s", "tokens/s", "prompt tokens of every request that was "
+                                                 "prefilled, plus output tokens, over the "
+                                                 "makespan"),
+    ("good_requests", "requests", "completed requests meeting the scenario's TTFT, TPOT and "
+                                  "normalized-latency targets on their own values"),
+    ("goodput_req_s", "req/s", "good_requests over the makespan (vLLM's request_goodput)"),
+    ("mean_<latency>_s", "s", "mean of the latency"),
+    ("median_<latency>_s", "s", "median of the latency"),
+    ("std_<latency>_s", "s", "standard deviation of the latency (population, as numpy's)"),
+    ("p<P>_<latency>_s", "s", "the P-th percentile of the latency (numpy's linear one)"),
+    ("gpu_utilisation", "", "share of the run (0-1) the GPU worker was busy"),
+    ("cpu_utilisation", "", "share of the run the CPU engine was busy"),
+    ("pcie_h2d_utilisation", "", "host-to-GPU bytes over what the profile's bandwidth moves in "
+                                 "the run's time"),
+    ("pcie_d2h_utilisation", "", "GPU-to-host bytes, likewise"),
+    ("longest_cpu_stall_s", "s", "longest stretch with a CPU-resident request and no CPU "
+                                 "token (NaN without CPU-resident requests)"),
+    ("controls", "", "each control the policy ran with: {value, source}"),
+    ("capacities", "", "gpu_kv_blocks, host_kv_blocks and block_size of the KV pools"),
+    ("profile", "", "the profile's source and method (measured or roofline)"),
+    ("engine", "", "the engines' counters; see the table below"),
+
+    ("scenario_hash", "", "sha256 of the scenario file, the files it names and any --set"),
+    ("provenance", "", "how the result was made; see the table below"),
+]
+
+ENGINE: list[Row] = [
+    ("gpu_rounds", "rounds", "GPU rounds run"),
+    ("migration_only_rounds", "rounds", "GPU rounds that only moved KV"),
+    ("cpu_rounds", "rounds", "CPU rounds (DualPace) or CPU attention iterations (NEO)"),
+    ("routes", "", "CPU rounds per route (Full-CPU, Split-Final, Fused-Assist)"),
+    ("swap_outs", "requests", "requests swapped out to the host"),
+    ("swap_ins", "requests", "requests swapped back in to HBM"),
+    ("prefills_to_cpu", "requests", "requests prefilled on the GPU for CPU decode"),
+    ("preemptions", "requests", "vLLM recompute preemptions"),
+    ("pipelined_iterations", "iterations", "NEO iterations that ran two sub-batches"),
+    ("assist_calls", "calls", "Dense Assists the GPU served for the CPU engine"),
+    ("gpu_busy_s", "s", "time the GPU worker was busy (batches and assists)"),
+    ("gpu_assist_s", "s", "of which Dense Assists"),
+    ("cpu_busy_s", "s", "time the CPU engine was busy"),
+    ("h2d_bytes", "bytes", "bytes copied host to GPU"),
+    ("d2h_bytes", "bytes", "bytes copied GPU to host"),
+    ("stage_mode", "", "whether the GPU ran stage by stage (so assists interleave)"),
+    ("end_s", "s", "simulated time at the end of the run"),
+]
+
+PROVENANCE: list[Row] = [
+    ("package", "", "the distribution's name, dualpace"),
+    ("version", "", "its version"),
+    ("source_sha256", "", "sha256 of the simulator package's sources: with version, the key "
+                          "a sweep's resume checks"),
+    ("git_commit", "", "the commit of the checkout it ran from (null outside git)"),
+    ("git_dirty", "", "whether that checkout had uncommitted changes to tracked files"),
+    ("scenario_path", "", "the scenario file"),
+    ("scenario", "", "the resolved scenario: every field after defaults, --set and the rate, "
+                     "scheduler holding the resolved pools and controls"),
+    ("profile", "", "the profile's source, sha256, model, box and its own provenance block"),
+    ("trace", "", "path and sha256 of the trace file the workload replays (its path, or the "
+                  "local copy of a registered trace); nulls for the default sampler"),
+    ("requests_sha256", "", "sha256 of the request list (arrival, prompt, output length)"),
+    ("seeds", "", "the seeds: workload (arrivals and sampled lengths)"),
+]
+
+SWEEP_JSON: list[Row] = [
+    ("scenario", "", "the scenario file"),
+    ("name", "", "the scenario's name"),
+    ("scenario_hash", "", "as in summary.json"),
+    ("hashed_files", "", "the files besides the scenario that the hash covers"),
+    ("policies", "", "the policies swept"),
+    ("rates", "req/s", "the offered rates"),
+    ("targets", "", "the latency targets"),
+    ("grid", "", "the grid keys and their values (with seeds, workload.seed)"),
+    ("changes", "", "the --set changes, nested like the file"),
+    ("code_version", "", "version and source_sha256 of the simulator that made it"),
+    ("provenance", "", "the provenance of the first point's scenario"),
+]
+
+SWEEP_CSV: list[Row] = [
+    ("policy", "", "the point's policy"),
+    ("rate", "req/s", "the point's offered rate"),
+    ("<grid key>", "", "one column per grid key (a dotted scenario key), and workload.seed "
+                       "with seeds"),
+    ("<summary metric>", "", "every number of the point's summary.json entry, named and in "
+                             "the units of the table above, longest_cpu_stall_s included"),
+]
+
+SUSTAINABLE_CSV: list[Row] = [
+    ("policy", "", "the policy"),
+    ("<grid key>", "", "one column per grid key (not workload.seed)"),
+    ("metric", "", "the target metric"),
+    ("target", "", "its target, in the metric's unit"),
+    ("rate", "req/s", "the sustainable rate: the interpolated crossing of the target, or "
+                      "above_sweep / below_sweep"),
+    ("rate_ci_low", "req/s", "with seeds: lower end of the 95% bootstrap interval (beyond the "
+                             "sweep counts as its edge)"),
+    ("rate_ci_high", "req/s", "with seeds: upper end"),
+]
+
+SWEEP_CI_CSV: list[Row] = [
+    ("policy, rate, <grid key>", "", "the point, without its seed"),
+    ("metric", "", "a column of sweep.csv"),
+    ("mean", "", "its mean over the seeds"),
+    ("ci_low", "", "lower end of the 95% percentile-bootstrap interval of the mean"),
+    ("ci_high", "", "upper end"),
+    ("n_seeds", "", "seeds with a value"),
+]
+
+CAPACITY_CSV: list[Row] = [
+    ("policy", "", "the policy"),
+    ("rate", "req/s", "the highest rate found to meet every target"),
+    ("bound", "", "= (the answer is within tol above rate), >= (every target held at --high) "
+                  "or < (a target failed at --low)"),
+    ("upper", "req/s", "the lowest rate found to miss a target"),
+    ("limited_by", "", "the targets missed at upper (or stalled)"),
+    ("evaluations", "", "simulations the search ran"),
+]
+
+VALIDATION_CSV: list[Row] = [
+    ("policy", "", "the policy"),
+    ("metric", "", "a metric of summary.json"),
+    ("simulated", "", "its value in the simulation, from the records"),
+    ("real", "", "its value in the real run, from the records"),
+    ("relative_error", "", "(simulated - real) / real"),
+]
+
+TRACE_TRACKS: list[Row] = [
+    ("GPU engine", "slices", "GPU rounds: forwards, migration waits"),
+    ("Dense Assist", "slices", "assists the GPU worker serves for the CPU engine"),
+    ("CPU engine", "slices", "CPU rounds (DualPace) or CPU attention (NEO), and CPU waits"),
+    ("PCIe H2D", "slices", "host to GPU copies: swap-ins"),
+    ("PCIe D2H", "slices", "GPU to host copies: swap-outs, Prefill-to-CPU layer copies"),
+    ("migration", "arrows", "flow from a transfer to the round that next computes the request"),
+    ("requests", "counter", "`dualpace-sim run`: waiting (arrived, no token yet) and decoding "
+                            "(between first and last token) requests"),
+    ("KV blocks held", "counter", "`dualpace-sim run`: gpu_kv_blocks and host_kv_blocks held "
+                                  "by requests, rebuilt from the records"),
+]
+
+
+def pattern(name: str) -> re.Pattern[str]:
+    """A documented name as a regular expression over real names (families expanded)."""
+    text = re.escape(name)
+    text = text.replace(re.escape("<latency>"), "(ttft|tpot|itl|e2el)")
+    text = text.replace(re.escape("<P>"), r"[0-9]+(\.[0-9]+)?")
+    return re.compile(f"^{text}$")
+
+
+def documented(name: str, rows: list[Row]) -> bool:
+    return any(pattern(row[0]).match(name) for row in rows)
