@@ -304,18 +304,35 @@ def validate(
         "--costs", help="price the run with this profile of the same box and model (say, a "
                         "re-profile) instead of the one it ran with; the run's controls are kept")
     ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar or table")] = False,
+    max_rel_error: Annotated[str | None, typer.Option(
+        "--max-rel-error", metavar="FRACTION",
+        help="fail (exit 1) when a headline metric of any policy is further off than this: "
+             "throughput and mean normalized latency at FRACTION, P99 TTFT, P99 ITL and P99 "
+             "TPOT at twice it (0.1: 10 % and 20 %)")] = None,
+    limit: Annotated[list[str] | None, typer.Option(
+        "--limit", metavar="METRIC=FRACTION",
+        help="one metric's limit instead (repeat; any metric of the table, such as "
+             "p99_ttft_s=0.3 or cpu_token_fraction=0.1); alone, only these are checked")] = None,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-q", help="no progress bar or table; misses are still printed and still "
+                              "exit 1")] = False,
 ) -> None:
     """Simulate SCENARIO for each policy of the real run in REAL and compare them: a table of
-    simulated vs real per metric (validation.csv), the simulated run (sim/) and overlay plots."""
+    simulated vs real per metric (validation.csv), the simulated run (sim/) and overlay plots.
+
+    Exit status: 0 when the comparison was made (and every checked metric is within its limit),
+    1 when a metric misses its limit or the replay check diverges, 2 on bad input."""
     from .validate import ValidateError, format_table
     from .validate import validate as run_validation
+    from .validation_limits import describe, find_misses, parse_limits
 
     try:
+        limits = parse_limits(max_rel_error, limit or [])  # before minutes of simulation
         result = run_validation(real, scenario, out, progress=not quiet, costs=costs)
     except (ScenarioError, SimulationStalled, ValidateError) as e:
         _fail(str(e))
     diverged = [r for r in result.replays if not r.ok]
+    misses = find_misses(result.table, limits)
     if not quiet:
         typer.echo(format_table(result.table))
         for line in result.notes:
@@ -324,9 +341,17 @@ def validate(
             typer.echo(f"replay check: {report.line()}")
         typer.echo(f"results in {result.out_dir}/ (validation.csv, sim/, timeline_overlay.png, "
                    f"latency_cdf_overlay.png)")
-    if diverged:  # --quiet too: a DIVERGED replay is a failed check, printed or not
-        if quiet:
-            typer.echo(f"error: replay check: {diverged[0].line().splitlines()[0]}", err=True)
+    if diverged and quiet:  # --quiet too: a DIVERGED replay is a failed check, printed or not
+        typer.echo(f"error: replay check: {diverged[0].line().splitlines()[0]}", err=True)
+    checks = len(limits) * result.table["policy"].nunique()
+    for miss in misses:
+        typer.echo(miss.line(), err=True)
+    if misses:
+        typer.echo(f"validation failed: {len(misses)} of {checks} checks outside their limits "
+                   f"({describe(limits)})", err=True)
+    elif limits and not quiet:
+        typer.echo(f"within limits: all {checks} checks ({describe(limits)})")
+    if diverged or misses:
         raise typer.Exit(1)
 
 

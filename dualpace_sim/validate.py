@@ -133,7 +133,8 @@ def load_for_real_run(scenario: Path | str, real_dir: Path, costs: Path | None =
     """The scenario with the calibration profile the real run was made with (REAL/profile.yaml,
     which `dualpace-hw run` writes): its controls decided the run's scheduling, so a box
     re-profiled since must not change what the run is compared with, nor break its replay.
-    Runs without that file get the scenario's profile.
+    Runs without that file get the scenario's profile. A note says when the profile that
+    prices the run is a quick one (its errors would be the quick grids', not the simulator's).
 
     With `costs`, another profile of the same box and model prices the run (a re-profile,
     to see whether it is nearer serving) while the run's own controls still make the decisions."""
@@ -164,6 +165,11 @@ def load_for_real_run(scenario: Path | str, real_dir: Path, costs: Path | None =
         kept = Controls(**{name: choice.value for name, choice in ran.controls.items()})
         notes = [f"costs from {costs}; scheduler controls from the profile the run used"]
         profile = priced.model_copy(update={"controls": kept})
+    if profile.provenance.is_quick():
+        source = costs or (recorded if recorded.is_file() else current.profile_source)
+        notes.append(f"note: {source} is a quick profile (`dualpace-hw profile --quick`: tiny "
+                     "grids, few repeats, for tests): its costs are coarse, so the errors say "
+                     "little about the simulator; re-profile the box without --quick")
     if profile == current.profile:
         return current, notes
     return load_scenario(scenario, profile=profile), notes

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -322,3 +324,35 @@ def test_costs_from_another_profile_keep_the_runs_controls(real_run, tmp_path):
     other.save(tmp_path / "other.yaml")
     _one_line_error(invoke("--real", real, scenario, "--costs", tmp_path / "other.yaml"),
                     f"{tmp_path / 'other.yaml'}: block size", "--costs must profile")
+
+
+def test_a_quick_profile_is_noted(real_run, tmp_path):
+    """The profile that prices the run, REAL/profile.yaml or --costs, made with the profiler's
+    --quick grids (the `quick` field, or an older profile's `--quick` command): a note names it;
+    a full profile gets none."""
+    from dualpace_sim.costs import load_profile
+
+    scenario, real = real_run
+    base = load_profile(RTX4090_LLAMA)
+
+    def variant(name: str, **provenance) -> Path:
+        profile = base.model_copy(update={"provenance": base.provenance.model_copy(
+            update={"method": "measured", **provenance})})
+        profile.save(tmp_path / name)
+        return tmp_path / name
+
+    def quick_notes(result) -> list[str]:
+        return [n for n in result.notes if "quick profile" in n]
+
+    shutil.copy(variant("quick.yaml", quick=True), real / RUN_PROFILE)
+    notes = quick_notes(validate(real, scenario, tmp_path / "ran-quick"))
+    assert len(notes) == 1 and notes[0].startswith(f"note: {real / RUN_PROFILE} is a quick "
+                                                   "profile (`dualpace-hw profile --quick`")
+    assert "re-profile the box without --quick" in notes[0]
+
+    older = variant("older.yaml", command="dualpace-hw profile --model m --out p.yaml --quick")
+    notes = quick_notes(validate(real, scenario, tmp_path / "costs-quick", costs=older))
+    assert len(notes) == 1 and notes[0].startswith(f"note: {older} is a quick profile")
+
+    full = variant("full.yaml", quick=False)
+    assert quick_notes(validate(real, scenario, tmp_path / "costs-full", costs=full)) == []

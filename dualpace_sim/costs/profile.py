@@ -33,6 +33,8 @@ from dualpace_sim.costs.shapes import ModelShape
 from dualpace_sim.inputs import InputFileError, load_yaml, read_text
 
 PROFILE_FORMAT = "dualpace-profile/1"
+# What `dualpace-hw profile --quick` appends to a profile's provenance notes.
+QUICK_NOTE = "QUICK grids and protocol"
 # libyaml when available: profiles hold thousands of numbers and pure-Python YAML is slow.
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
@@ -108,6 +110,10 @@ class Provenance(StrictModel):
     date: str = Field(description="when the numbers were made (ISO date)")
     command: str | None = Field(None, description="the command that wrote the profile")
     notes: str | None = Field(None, description="free text")
+    quick: bool | None = Field(
+        None, description="measured: made by `dualpace-hw profile --quick` (tiny grids, few "
+                          "repeats: for tests, not for studies); absent in older profiles, "
+                          "whose command or notes say it")
     host: str | None = Field(None, description="measured: the box's host name")
     cpu_model: str | None = Field(None, description="measured: CPU model name")
     gpu_model: str | None = Field(None, description="measured: GPU model name")
@@ -125,6 +131,15 @@ class Provenance(StrictModel):
         None, description="roofline: the synthesizer's keyword arguments")
     generator_version: str | None = Field(
         None, description="roofline: version of the synthesizer that wrote the profile")
+
+    def is_quick(self) -> bool:
+        """Whether the profiler's --quick grids made the numbers. Profiles written before the
+        `quick` field say it in their command (`... --quick`) or, made through the Python
+        API (no command), in the line the profiler appends to the notes."""
+        if self.quick is not None:
+            return self.quick
+        return ("--quick" in (self.command or "").split()
+                or QUICK_NOTE in (self.notes or ""))
 
     @field_validator("date", mode="before")
     @classmethod

@@ -9,6 +9,7 @@ from dualpace_sim.costs import (
     load_spec,
     synthesize,
 )
+from dualpace_sim.costs.profile import QUICK_NOTE
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +108,19 @@ def test_controls_accept_legal_thresholds(tmp_path, tiny_profile):
     data = tiny_profile.model_dump(mode="json")
     data["controls"] = {"route_p": 32, "route_f": 16, "gpu_token_limit": 1024}
     assert load_profile(_write(tmp_path, data)).controls.route_p == 32
+
+
+@pytest.mark.parametrize(("provenance", "quick"), [
+    ({"quick": True}, True),
+    ({"quick": False, "command": "dualpace-hw profile --quick"}, False),  # the field decides
+    ({"command": "dualpace-hw profile --model m --out p.yaml --quick"}, True),  # before the field
+    ({"command": "dualpace-hw profile --model quick-llama --out p.yaml"}, False),
+    ({"notes": f"timed on 2 cores. {QUICK_NOTE}: for tests, not for studies."}, True),
+    ({}, False),
+])
+def test_a_profile_says_whether_it_is_a_quick_one(tmp_path, tiny_profile, provenance, quick):
+    """`quick` in the provenance, or for a profile written before that field, the profiler's
+    --quick in its command or its QUICK line in its notes; the file loads either way."""
+    data = tiny_profile.model_dump(mode="json", exclude_none=True)
+    data["provenance"] = {"method": "measured", "date": "2026-12-01", **provenance}
+    assert load_profile(_write(tmp_path, data)).provenance.is_quick() is quick

@@ -41,6 +41,7 @@ def test_quick_profile_has_provenance_fits_and_plots(quick_profile):
     # run via the old name --gpu-device, recorded under the one name both commands share
     assert "--device cpu" in prov.command and "--gpu-device" not in prov.command
     assert prov.onednn_version is None or prov.onednn_version[0].isdigit()
+    assert prov.is_quick()  # what `dualpace-sim validate` notes
     assert profile.box.name == "ci-box" and profile.model.name == "tiny-llama"
     c = profile.controls
     lines = output.strip().splitlines()[-4:]
@@ -405,6 +406,7 @@ def test_the_eager_floors_are_the_median_of_the_start_middle_and_end_of_the_run(
     assert profile.gpu.eager_layer_s == 2e-3 and profile.gpu.eager_layer_beside_cpu_s == 5e-3
     assert "eager 3.000, 1.000, 2.000 ms; beside 6.000, 4.000, 5.000 ms" in \
         profile.provenance.notes
+    assert not profile.provenance.command and profile.provenance.is_quick()  # from its notes
     runs = [x for i, x in enumerate(order) if i == 0 or order[i - 1] != x]
     assert runs == ["floor", "first table", "floor", "last table", "floor"]
 
