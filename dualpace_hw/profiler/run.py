@@ -335,6 +335,7 @@ def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, 
     eager = statistics.median(e for e, _ in floors)
     beside = statistics.median(b for _, b in floors) if floors[0][1] is not None else None
     prov = box.provenance(m.gpu_device, threads, opt.command, dt.date.today().isoformat())
+    prov["quick"] = opt.quick  # `dualpace-sim validate` notes runs priced by a quick profile
     prov["parameters"] = {**params, "warmups": protocol.warmups,
                           "invocations_max": protocol.invocations, "repeats": protocol.repeats}
     prov["notes"] = (

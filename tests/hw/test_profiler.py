@@ -38,6 +38,7 @@ def test_quick_profile_has_provenance_fits_and_plots(quick_profile):
     prov = profile.provenance
     assert prov.method == "measured" and prov.torch_version and prov.cpu_cores == 2
     assert "QUICK" in prov.notes and prov.command.startswith("dualpace-hw profile")
+    assert prov.quick is True  # recorded as a field, for `dualpace-sim validate`'s note
     # run via the old name --gpu-device, recorded under the one name both commands share
     assert "--device cpu" in prov.command and "--gpu-device" not in prov.command
     assert prov.onednn_version is None or prov.onednn_version[0].isdigit()
