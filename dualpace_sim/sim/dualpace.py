@@ -8,6 +8,9 @@ stage boundaries.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import simpy
 
 from ..core import (
     CpuPlan,
@@ -27,6 +30,31 @@ from ..trace_events import CPU_ENGINE, DENSE_ASSIST, GPU_ENGINE, TraceRecorder
 from .node import Node, ids
 
 _ASSIST_NAMES = {"p": "assist p", "lA": "assist lA", "lS": "assist lS"}  # trace slice names
+# Activations an assist moves (to the GPU, back to the host): a per-layer assist takes the
+# attention output and the residual and returns the next layer's input; the final ones
+# return only the sampled token.
+_ASSIST_ACTIVATIONS = {"p": (2, 1), "lA": (2, 0), "lS": (1, 0)}
+
+
+@dataclass(slots=True, eq=False)
+class AssistChain:
+    """The Dense Assists of the running CPU batch, booked on the GPU worker as far as its
+    timeline is known."""
+
+    b: int  # CPU batch rows
+    kinds: tuple[str, ...]  # the assists in order: "p" per layer, then "lA"; or just "lS"
+    read: float  # CPU time to read an assist's result
+    local: float  # CPU time of one layer's pre-attention and attention
+    write: float  # CPU time to write an assist's activations
+    ready: float  # when the next assist is ready
+    done: simpy.Event  # succeeds when the last assist's result is back on the CPU
+    next: int = 0  # index of the next assist to book
+    resume: float = 0.0  # when the last booked assist's result is back on the CPU
+    wake: simpy.Event | None = None  # books assist `wake_for` at its ready time
+    wake_for: int = -1
+
+    def finish(self, _event: simpy.Event) -> None:
+        self.done.succeed()
 
 
 class DualPaceNode(Node):
@@ -49,6 +77,8 @@ class DualPaceNode(Node):
         self.gpu_sched = GpuScheduler(self.state)
         self.cpu_sched = CpuScheduler(self.state)
         self._copies_land_s = 0.0
+        self._chain: AssistChain | None = None  # the CPU batch's assists not yet booked
+        self.gpu.on_batch_start = self._gpu_moves_on
 
     def _start(self) -> None:
         self.env.process(self._gpu_loop())
@@ -78,16 +108,18 @@ class DualPaceNode(Node):
                     if self.trace is not None:
                         self.trace.complete(GPU_ENGINE, "wait for Prefill-to-CPU copies",
                                             env.now, self._copies_land_s)
+                    self._gpu_moves_on()
                     yield env.timeout(self._copies_land_s - env.now)
                 st.complete_copy_group(env.now)
                 self._note_finished()
-                self._wake("cpu")
+                self._wake_cpu()
                 continue
             if plan.is_empty:
+                self._gpu_moves_on()
                 yield self._idle("gpu")
                 continue
             sched.commit(plan)
-            self._wake("cpu")
+            self._wake_cpu()
             self.stats.gpu_rounds += 1
             if plan.has_migrations:
                 yield from self._migrate(plan)
@@ -100,9 +132,10 @@ class DualPaceNode(Node):
         env = self.env
         land = self._book_swaps(plan)
         if land > env.now:
+            self._gpu_moves_on()
             yield env.timeout(land - env.now)
         self.state.complete_migrations(plan.swap_outs, plan.swap_ins, env.now)
-        self._wake("cpu")
+        self._wake_cpu()
 
     def _forward(self, plan: GpuPlan):
         env, n = self.env, self._n_layers
@@ -152,6 +185,13 @@ class DualPaceNode(Node):
             self._note_finished()
             self._wake("gpu")
 
+    def _wake_cpu(self) -> None:
+        """Wake an idle CPU engine only when its next round would run a batch. An idle engine
+        holds no running batch, so a round without one changes nothing; leaving it asleep
+        gives the same run without two events (and a schedule and commit) per GPU round."""
+        if self._sleeping("cpu") and not self.cpu_sched.schedule().is_empty:
+            self._wake("cpu")
+
     def _cpu_batch(self, plan: CpuPlan):
         """Run one CPU decode batch along its post-attention route."""
         env, cost, n = self.env, self.cost, self._n_layers
@@ -161,27 +201,76 @@ class DualPaceNode(Node):
         if plan.route is Route.FULL_CPU:
             yield env.timeout(pre + n * (local + cost.cpu_post_attn(b)) + cost.cpu_post_layer(b))
         elif plan.route is Route.SPLIT_FINAL:
-            yield env.timeout(pre + n * (local + cost.cpu_post_attn(b)) + cost.cpu_hidden_write(b))
-            yield env.timeout(self._assist("lS", b, in_acts=1, out_acts=0) - env.now)
+            first = pre + n * (local + cost.cpu_post_attn(b)) + cost.cpu_hidden_write(b)
+            yield from self._assist_chain(b, first, ("lS",), 0.0, 0.0, 0.0)
         else:
             write, read = cost.cpu_assist_write(b), cost.cpu_assist_read(b)
-            yield env.timeout(pre + local + write)
-            for _ in range(n - 1):
-                resume = self._assist("p", b, in_acts=2, out_acts=1)
-                yield env.timeout(resume - env.now + read + local + write)
-            yield env.timeout(self._assist("lA", b, in_acts=2, out_acts=0) - env.now)
+            kinds = ("p",) * (n - 1) + ("lA",)
+            yield from self._assist_chain(b, pre + local + write, kinds, read, local, write)
+
+    def _assist_chain(self, b: int, first_s: float, kinds: tuple[str, ...], read: float,
+                      local: float, write: float):
+        """Run a CPU batch's Dense Assists of `kinds`, in order: the first is ready `first_s`
+        from now, each later one when the CPU has read the previous one's result, run the next
+        layer's local stages (`local`) and written its activations; the batch ends when the
+        last one's result is back on the CPU."""
+        env = self.env
+        chain = AssistChain(b, kinds, read, local, write, env.now + first_s, env.event())
+        self._chain = chain
+        self._book_chain()
+        yield chain.done
+
+    def _book_chain(self) -> None:
+        """Book the running chain's assists in closed form, as far as the GPU's timeline is
+        known: every one ready by now or meeting the GPU batch set up now
+        (GpuDevice.serves_ahead). The next one is booked when the GPU sets up its next batch,
+        or at its ready time if the GPU waits without a batch first.
+
+        The times are those of booking each assist at its ready time:
+        `ready + (resume - ready + read + local + write)` is the sum that a timeout per layer
+        computed, added in the same order."""
+        c, env, gpu = self._chain, self.env, self.gpu
+        n = len(c.kinds)
+        while c.next < n:
+            if c.ready > env.now and not gpu.serves_ahead(c.ready):
+                if not gpu.active and c.wake_for != c.next:
+                    c.wake_for = c.next
+                    c.wake = env.timeout(c.ready - env.now)
+                    c.wake.callbacks.append(self._chain_wake)
+                return
+            c.resume = self._assist(c.kinds[c.next], c.b, c.ready)
+            c.next += 1
+            if c.next < n:
+                c.ready = c.ready + (c.resume - c.ready + c.read + c.local + c.write)
+        self._chain = None
+        env.timeout(c.resume - env.now).callbacks.append(c.finish)
+
+    def _chain_wake(self, event: simpy.Event) -> None:
+        """The next assist's ready time came with the GPU idle: book it now."""
+        c = self._chain
+        if c is not None and event is c.wake and c.wake_for == c.next:
+            c.ready = self.env.now
+            self._book_chain()
+
+    def _gpu_moves_on(self) -> None:
+        """The GPU worker set up a batch, or is about to wait without one: the running chain's
+        next assist may now meet that batch, or needs its own wake-up."""
+        if self._chain is not None:
+            self._book_chain()
 
     def _gpu_paced(self, plan: GpuPlan, layer: float) -> bool:
         """Whether the GPU, not its host's launch floor, sets this batch's layer time: graph
         replays always; an eager batch where its layer outlasts the floor."""
         return not plan.prefills or layer > self.cost.gpu_eager_floor(self.gpu_beside_cpu)
 
-    def _assist(self, kind: str, b: int, in_acts: int, out_acts: int) -> float:
-        """Hand one Dense Assist to the GPU worker now; returns when the CPU sees its result.
+    def _assist(self, kind: str, b: int, now: float) -> float:
+        """Hand one Dense Assist, ready at `now`, to the GPU worker; returns when the CPU sees
+        its result.
 
         The GPU is displaced for o_x + g_x and the CPU waits q_x + g_x after the service starts
         (paper Appendix B, Eq. 14); g_x includes moving the activations over the link."""
-        cost, now = self.cost, self.env.now
+        cost = self.cost
+        in_acts, out_acts = _ASSIST_ACTIVATIONS[kind]
         g = cost.assist_gpu(kind, b)
         act = cost.activation_bytes(b)
         self.link.h2d.carry(in_acts * act)
