@@ -79,6 +79,7 @@ class DualPaceNode(Node):
         self._copies_land_s = 0.0
         self._chain: AssistChain | None = None  # the CPU batch's assists not yet booked
         self.gpu.on_batch_start = self._gpu_moves_on
+        self._assist_terms: dict[tuple[str, int], tuple[float, float, float, int, int]] = {}
 
     def _start(self) -> None:
         self.env.process(self._gpu_loop())
@@ -269,19 +270,27 @@ class DualPaceNode(Node):
 
         The GPU is displaced for o_x + g_x and the CPU waits q_x + g_x after the service starts
         (paper Appendix B, Eq. 14); g_x includes moving the activations over the link."""
-        cost = self.cost
-        in_acts, out_acts = _ASSIST_ACTIVATIONS[kind]
-        g = cost.assist_gpu(kind, b)
-        act = cost.activation_bytes(b)
-        self.link.h2d.carry(in_acts * act)
-        if out_acts:
-            self.link.d2h.carry(out_acts * act)
-        service = cost.assist_o(kind) + g
+        terms = self._assist_terms.get((kind, b))
+        if terms is None:
+            terms = self._assist_terms[(kind, b)] = self._terms_of(kind, b)
+        g, service, q, to_gpu, to_host = terms
+        self.link.h2d.carry(to_gpu)
+        if to_host:
+            self.link.d2h.carry(to_host)
         start = self.gpu.assist(now, service)
         if self.trace is not None:
             self.trace.complete(DENSE_ASSIST, _ASSIST_NAMES[kind], start, start + service,
                                 cpu_batch=b, queued_us=round((start - now) * 1e6, 3))
-        return start + g + cost.assist_q(kind)
+        return start + g + q
+
+    def _terms_of(self, kind: str, b: int) -> tuple[float, float, float, int, int]:
+        """An assist's g_x, GPU service o_x + g_x, q_x, and activation bytes each way: the
+        same for every assist of that kind and batch size, so looked up once."""
+        cost = self.cost
+        g = cost.assist_gpu(kind, b)
+        act = cost.activation_bytes(b)
+        in_acts, out_acts = _ASSIST_ACTIVATIONS[kind]
+        return g, cost.assist_o(kind) + g, cost.assist_q(kind), in_acts * act, out_acts * act
 
     # ---------------------------------------------------------------------- trace recording
 
