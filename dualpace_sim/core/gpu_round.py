@@ -371,8 +371,9 @@ class GpuScheduler:
         """Record sampled tokens; finished requests release HBM; new decodes join the queue."""
         st, t = self.state, result.end_s
         done = False
-        for r in plan.decodes:
-            r.emit(t, Owner.GPU)
+        for r in plan.decodes:  # Request.emit, inline: this runs for every token
+            r.token_times.append(t)
+            r.token_owners.append(Owner.GPU)
             if len(r.token_times) >= r.max_tokens:
                 done = True
         for c in plan.prefills:

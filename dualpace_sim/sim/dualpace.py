@@ -231,20 +231,22 @@ class DualPaceNode(Node):
         `ready + (resume - ready + read + local + write)` is the sum that a timeout per layer
         computed, added in the same order."""
         c, env, gpu = self._chain, self.env, self.gpu
-        n = len(c.kinds)
-        while c.next < n:
-            if c.ready > env.now and not gpu.serves_ahead(c.ready):
-                if not gpu.active and c.wake_for != c.next:
-                    c.wake_for = c.next
-                    c.wake = env.timeout(c.ready - env.now)
-                    c.wake.callbacks.append(self._chain_wake)
-                return
-            c.resume = self._assist(c.kinds[c.next], c.b, c.ready)
-            c.next += 1
-            if c.next < n:
-                c.ready = c.ready + (c.resume - c.ready + c.read + c.local + c.write)
-        self._chain = None
-        env.timeout(c.resume - env.now).callbacks.append(c.finish)
+        now, kinds, b, i, ready, resume = env.now, c.kinds, c.b, c.next, c.ready, c.resume
+        read, local, write = c.read, c.local, c.write
+        n = len(kinds)
+        while i < n and (ready <= now or gpu.serves_ahead(ready)):
+            resume = self._assist(kinds[i], b, ready)
+            i += 1
+            if i < n:
+                ready = ready + (resume - ready + read + local + write)
+        c.next, c.ready, c.resume = i, ready, resume
+        if i == n:
+            self._chain = None
+            env.timeout(resume - now).callbacks.append(c.finish)
+        elif not gpu.active and c.wake_for != i:
+            c.wake_for = i
+            c.wake = env.timeout(ready - now)
+            c.wake.callbacks.append(self._chain_wake)
 
     def _chain_wake(self, event: simpy.Event) -> None:
         """The next assist's ready time came with the GPU idle: book it now."""
