@@ -1,7 +1,8 @@
 """How fast the simulator runs: simulated requests per wall-second on one core.
 
 Runs benchmarks/sim_speed.yaml several times (scenario loading excluded, it is not the hot path)
-and reports the median. Target: the 2,000-request run in <= 2 s (>= 1,000 requests per second).
+and reports the median wall and CPU time (CPU time is what to compare on a shared machine).
+Target: the 2,000-request run in <= 2 s (>= 1,000 requests per second).
 
 `--baseline DIR` also times the code of another checkout (say `git worktree add --detach
 /tmp/base <commit>`) on the same scenario, alternating runs with this checkout's, each in a
@@ -48,11 +49,11 @@ def one_run(scenario: Path, count_events: bool) -> dict:
         simpy.Environment.schedule = counting
     loaded = load_scenario(scenario)
     node = DualPaceNode(loaded.requests, loaded.cost, loaded.config)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     out = node.run()
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     events = counted[0] if count_events else getattr(node.env, "events", None)
-    return {"wall_s": wall, "requests": len(out.requests), "events": events,
+    return {"wall_s": wall, "cpu_s": cpu, "requests": len(out.requests), "events": events,
             "tokens": sum(len(r.token_times) for r in out.requests), "end_s": out.stats.end_s,
             "gpu_rounds": out.stats.gpu_rounds, "cpu_rounds": out.stats.cpu_rounds,
             "assists": out.stats.assist_calls}
@@ -69,7 +70,8 @@ def run_in(source: Path, scenario: Path, count_events: bool = False) -> dict:
 
 
 def describe(r: dict) -> str:
-    return (f"wall {r['wall_s']:.3f}s, {r['requests']} requests, {r['tokens']} tokens, "
+    return (f"wall {r['wall_s']:.3f}s, cpu {r['cpu_s']:.3f}s, {r['requests']} requests, "
+            f"{r['tokens']} tokens, "
             f"simulated {r['end_s']:.1f}s, gpu rounds {r['gpu_rounds']}, "
             f"cpu rounds {r['cpu_rounds']}, assists {r['assists']}")
 
@@ -98,12 +100,17 @@ def main() -> None:
         print(f"run {i}: {describe(runs[-1])}")
     n = runs[0]["requests"]
     wall = statistics.median(r["wall_s"] for r in runs)
+    cpu = statistics.median(r["cpu_s"] for r in runs)
     events = runs[0]["events"] / n
     if args.baseline is not None:
         base_wall = statistics.median(r["wall_s"] for r in base_runs)
+        base_cpu = statistics.median(r["cpu_s"] for r in base_runs)
         base_events = run_in(args.baseline.resolve(), scenario, count_events=True)["events"] / n
-        print(f"baseline: wall_s={base_wall:.3f} events_per_request={base_events:.1f}")
-        print(f"ratio to baseline: wall {wall / base_wall:.2f}, events {events / base_events:.2f}")
+        print(f"baseline: wall_s={base_wall:.3f} cpu_s={base_cpu:.3f} "
+              f"events_per_request={base_events:.1f}")
+        print(f"ratio to baseline: wall {wall / base_wall:.2f}, cpu {cpu / base_cpu:.2f}, "
+              f"events {events / base_events:.2f}")
+    print(f"cpu_s={cpu:.3f} cpu_us_per_request={cpu / n * 1e6:.0f}")
     print(f"target: <= 2.0 s per run; ratio to target = {wall / 2.0:.2f}")
     print(f"wall_s={wall:.3f} requests_per_s={n / wall:.0f} events_per_request={events:.1f}")
 

@@ -55,7 +55,9 @@ class GpuScheduler:
         #    length after its next step, and the blocks that step adds (Request.next_blocks).
         running = st.gpu_running
         kv = [r.prompt_tokens + len(r.token_times) for r in running]
-        needs = [max(-(-k // bs) - len(r.blocks), 0) for r, k in zip(running, kv, strict=True)]
+        needs = [-(-k // bs) - len(r.blocks) for r, k in zip(running, kv, strict=True)]
+        if needs and min(needs) < 0:  # more blocks than the KV needs: nothing to add
+            needs = [n if n > 0 else 0 for n in needs]
         hbm_free = st.hbm.free
         deficit = sum(needs) - hbm_free
         decodes = running
@@ -371,10 +373,12 @@ class GpuScheduler:
         """Record sampled tokens; finished requests release HBM; new decodes join the queue."""
         st, t = self.state, result.end_s
         done = False
+        gpu = int(Owner.GPU)  # a bytearray takes a plain int faster than an IntEnum
         for r in plan.decodes:  # Request.emit, inline: this runs for every token
-            r.token_times.append(t)
-            r.token_owners.append(Owner.GPU)
-            if len(r.token_times) >= r.max_tokens:
+            times = r.token_times
+            times.append(t)
+            r.token_owners.append(gpu)
+            if len(times) >= r.max_tokens:
                 done = True
         for c in plan.prefills:
             r = c.req

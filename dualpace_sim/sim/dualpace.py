@@ -8,9 +8,6 @@ stage boundaries.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-
-import simpy
 
 from ..core import (
     CpuPlan,
@@ -26,35 +23,9 @@ from ..core import (
     assist_reachable,
 )
 from ..costs import CostModel
-from ..trace_events import CPU_ENGINE, DENSE_ASSIST, GPU_ENGINE, TraceRecorder
+from ..trace_events import CPU_ENGINE, GPU_ENGINE, TraceRecorder
+from .assist import AssistBooker
 from .node import Node, ids
-
-_ASSIST_NAMES = {"p": "assist p", "lA": "assist lA", "lS": "assist lS"}  # trace slice names
-# Activations an assist moves (to the GPU, back to the host): a per-layer assist takes the
-# attention output and the residual and returns the next layer's input; the final ones
-# return only the sampled token.
-_ASSIST_ACTIVATIONS = {"p": (2, 1), "lA": (2, 0), "lS": (1, 0)}
-
-
-@dataclass(slots=True, eq=False)
-class AssistChain:
-    """The Dense Assists of the running CPU batch, booked on the GPU worker as far as its
-    timeline is known."""
-
-    b: int  # CPU batch rows
-    kinds: tuple[str, ...]  # the assists in order: "p" per layer, then "lA"; or just "lS"
-    read: float  # CPU time to read an assist's result
-    local: float  # CPU time of one layer's pre-attention and attention
-    write: float  # CPU time to write an assist's activations
-    ready: float  # when the next assist is ready
-    done: simpy.Event  # succeeds when the last assist's result is back on the CPU
-    next: int = 0  # index of the next assist to book
-    resume: float = 0.0  # when the last booked assist's result is back on the CPU
-    wake: simpy.Event | None = None  # books assist `wake_for` at its ready time
-    wake_for: int = -1
-
-    def finish(self, _event: simpy.Event) -> None:
-        self.done.succeed()
 
 
 class DualPaceNode(Node):
@@ -77,9 +48,7 @@ class DualPaceNode(Node):
         self.gpu_sched = GpuScheduler(self.state)
         self.cpu_sched = CpuScheduler(self.state)
         self._copies_land_s = 0.0
-        self._chain: AssistChain | None = None  # the CPU batch's assists not yet booked
-        self.gpu.on_batch_start = self._gpu_moves_on
-        self._assist_terms: dict[tuple[str, int], tuple[float, float, float, int, int]] = {}
+        self.assists = AssistBooker(self.env, self.gpu, self.link, cost, trace)
 
     def _start(self) -> None:
         self.env.process(self._gpu_loop())
@@ -109,14 +78,14 @@ class DualPaceNode(Node):
                     if self.trace is not None:
                         self.trace.complete(GPU_ENGINE, "wait for Prefill-to-CPU copies",
                                             env.now, self._copies_land_s)
-                    self._gpu_moves_on()
+                    self.assists.gpu_moves_on()
                     yield env.timeout(self._copies_land_s - env.now)
                 st.complete_copy_group(env.now)
                 self._note_finished()
                 self._wake_cpu()
                 continue
             if plan.is_empty:
-                self._gpu_moves_on()
+                self.assists.gpu_moves_on()
                 yield self._idle("gpu")
                 continue
             sched.commit(plan)
@@ -133,7 +102,7 @@ class DualPaceNode(Node):
         env = self.env
         land = self._book_swaps(plan)
         if land > env.now:
-            self._gpu_moves_on()
+            self.assists.gpu_moves_on()
             yield env.timeout(land - env.now)
         self.state.complete_migrations(plan.swap_outs, plan.swap_ins, env.now)
         self._wake_cpu()
@@ -203,96 +172,16 @@ class DualPaceNode(Node):
             yield env.timeout(pre + n * (local + cost.cpu_post_attn(b)) + cost.cpu_post_layer(b))
         elif plan.route is Route.SPLIT_FINAL:
             first = pre + n * (local + cost.cpu_post_attn(b)) + cost.cpu_hidden_write(b)
-            yield from self._assist_chain(b, first, ("lS",), 0.0, 0.0, 0.0)
+            yield from self.assists.run(b, first, ("lS",))
         else:
             write, read = cost.cpu_assist_write(b), cost.cpu_assist_read(b)
             kinds = ("p",) * (n - 1) + ("lA",)
-            yield from self._assist_chain(b, pre + local + write, kinds, read, local, write)
-
-    def _assist_chain(self, b: int, first_s: float, kinds: tuple[str, ...], read: float,
-                      local: float, write: float):
-        """Run a CPU batch's Dense Assists of `kinds`, in order: the first is ready `first_s`
-        from now, each later one when the CPU has read the previous one's result, run the next
-        layer's local stages (`local`) and written its activations; the batch ends when the
-        last one's result is back on the CPU."""
-        env = self.env
-        chain = AssistChain(b, kinds, read, local, write, env.now + first_s, env.event())
-        self._chain = chain
-        self._book_chain()
-        yield chain.done
-
-    def _book_chain(self) -> None:
-        """Book the running chain's assists in closed form, as far as the GPU's timeline is
-        known: every one ready by now or meeting the GPU batch set up now
-        (GpuDevice.serves_ahead). The next one is booked when the GPU sets up its next batch,
-        or at its ready time if the GPU waits without a batch first.
-
-        The times are those of booking each assist at its ready time:
-        `ready + (resume - ready + read + local + write)` is the sum that a timeout per layer
-        computed, added in the same order."""
-        c, env, gpu = self._chain, self.env, self.gpu
-        now, kinds, b, i, ready, resume = env.now, c.kinds, c.b, c.next, c.ready, c.resume
-        read, local, write = c.read, c.local, c.write
-        n = len(kinds)
-        while i < n and (ready <= now or gpu.serves_ahead(ready)):
-            resume = self._assist(kinds[i], b, ready)
-            i += 1
-            if i < n:
-                ready = ready + (resume - ready + read + local + write)
-        c.next, c.ready, c.resume = i, ready, resume
-        if i == n:
-            self._chain = None
-            env.timeout(resume - now).callbacks.append(c.finish)
-        elif not gpu.active and c.wake_for != i:
-            c.wake_for = i
-            c.wake = env.timeout(ready - now)
-            c.wake.callbacks.append(self._chain_wake)
-
-    def _chain_wake(self, event: simpy.Event) -> None:
-        """The next assist's ready time came with the GPU idle: book it now."""
-        c = self._chain
-        if c is not None and event is c.wake and c.wake_for == c.next:
-            c.ready = self.env.now
-            self._book_chain()
-
-    def _gpu_moves_on(self) -> None:
-        """The GPU worker set up a batch, or is about to wait without one: the running chain's
-        next assist may now meet that batch, or needs its own wake-up."""
-        if self._chain is not None:
-            self._book_chain()
+            yield from self.assists.run(b, pre + local + write, kinds, read, local, write)
 
     def _gpu_paced(self, plan: GpuPlan, layer: float) -> bool:
         """Whether the GPU, not its host's launch floor, sets this batch's layer time: graph
         replays always; an eager batch where its layer outlasts the floor."""
         return not plan.prefills or layer > self.cost.gpu_eager_floor(self.gpu_beside_cpu)
-
-    def _assist(self, kind: str, b: int, now: float) -> float:
-        """Hand one Dense Assist, ready at `now`, to the GPU worker; returns when the CPU sees
-        its result.
-
-        The GPU is displaced for o_x + g_x and the CPU waits q_x + g_x after the service starts
-        (paper Appendix B, Eq. 14); g_x includes moving the activations over the link."""
-        terms = self._assist_terms.get((kind, b))
-        if terms is None:
-            terms = self._assist_terms[(kind, b)] = self._terms_of(kind, b)
-        g, service, q, to_gpu, to_host = terms
-        self.link.h2d.carry(to_gpu)
-        if to_host:
-            self.link.d2h.carry(to_host)
-        start = self.gpu.assist(now, service)
-        if self.trace is not None:
-            self.trace.complete(DENSE_ASSIST, _ASSIST_NAMES[kind], start, start + service,
-                                cpu_batch=b, queued_us=round((start - now) * 1e6, 3))
-        return start + g + q
-
-    def _terms_of(self, kind: str, b: int) -> tuple[float, float, float, int, int]:
-        """An assist's g_x, GPU service o_x + g_x, q_x, and activation bytes each way: the
-        same for every assist of that kind and batch size, so looked up once."""
-        cost = self.cost
-        g = cost.assist_gpu(kind, b)
-        act = cost.activation_bytes(b)
-        in_acts, out_acts = _ASSIST_ACTIVATIONS[kind]
-        return g, cost.assist_o(kind) + g, cost.assist_q(kind), in_acts * act, out_acts * act
 
     # ---------------------------------------------------------------------- trace recording
 

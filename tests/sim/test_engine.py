@@ -8,6 +8,7 @@ from dualpace_sim.core import Owner
 from dualpace_sim.records import records_frame, write_records
 from dualpace_sim.scenario import load_scenario
 from dualpace_sim.sim import DualPaceNode
+from dualpace_sim.sim.assist import AssistBooker
 
 # A small HBM and a CPU tier big enough to matter exercise every migration path.
 PRESSURE = {"gpu_kv_blocks": 600, "host_kv_blocks": 20000}
@@ -20,18 +21,30 @@ def simulate(path, node_class=DualPaceNode):
         return loaded, node_class(loaded.requests, loaded.cost, loaded.config).run()
 
 
-class PerAssistNode(DualPaceNode):
-    """The node as it booked before the closed form: a timeout to each assist's ready time,
-    then the assist, and every idle CPU engine woken after each GPU commit."""
+class SteppingBooker(AssistBooker):
+    """Assists booked as before the closed form: a timeout to each one's ready time, then the
+    assist."""
 
-    def _assist_chain(self, b, first_s, kinds, read, local, write):
+    def run(self, b, first_s, kinds, read=0.0, local=0.0, write=0.0):
         env = self.env
         yield env.timeout(first_s)
         for i, kind in enumerate(kinds):
-            resume = self._assist(kind, b, env.now)
+            t = self.terms(kind, b)
+            self.link.h2d.carry(t.to_gpu)
+            self.link.d2h.carry(t.to_host)
+            resume = self.gpu.assist(env.now, t.service) + t.g + t.q
             if i < len(kinds) - 1:
                 yield env.timeout(resume - env.now + read + local + write)
         yield env.timeout(resume - env.now)
+
+
+class PerAssistNode(DualPaceNode):
+    """The node as it ran before: assists stepped one by one, and every idle CPU engine woken
+    after each GPU commit."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.assists = SteppingBooker(self.env, self.gpu, self.link, self.cost, self.trace)
 
     def _wake_cpu(self):
         self._wake("cpu")
