@@ -49,6 +49,7 @@ class DualPaceNode(Node):
         self.cpu_sched = CpuScheduler(self.state)
         self._copies_land_s = 0.0
         self.assists = AssistBooker(self.env, self.gpu, self.link, cost, trace)
+        self._head_wait: tuple[float, int, str] | None = None  # (since, req_id, why), traced
 
     def _start(self) -> None:
         self.env.process(self._gpu_loop())
@@ -137,11 +138,14 @@ class DualPaceNode(Node):
             if plan.held_back or plan.admitted:
                 self._wake("gpu")
             if plan.is_empty:
-                idle_from, why = self.env.now, self._wait_reason(plan)
+                self._note_head_wait(plan)
                 yield self._idle("cpu")
-                if why is not None and self.env.now > idle_from:
-                    self.trace.complete(CPU_ENGINE, "wait for head", idle_from, self.env.now,
-                                        req_id=plan.wait_for.req_id, reason=why)
+                if self._head_wait is not None:
+                    start, req_id, why = self._head_wait
+                    self._head_wait = None
+                    if self.env.now > start:
+                        self.trace.complete(CPU_ENGINE, "wait for head", start, self.env.now,
+                                            req_id=req_id, reason=why)
                 continue
             self.stats.cpu_rounds += 1
             routes = self.stats.routes
@@ -159,8 +163,13 @@ class DualPaceNode(Node):
         """Wake an idle CPU engine only when its next round would run a batch. An idle engine
         holds no running batch, so a round without one changes nothing; leaving it asleep
         gives the same run without two events (and a schedule and commit) per GPU round."""
-        if self._sleeping("cpu") and not self.cpu_sched.schedule().is_empty:
+        if not self._sleeping("cpu"):
+            return
+        plan = self.cpu_sched.schedule()
+        if not plan.is_empty:
             self._wake("cpu")
+        elif self._head_wait is None:  # the engine now waits on a head it did not see yet
+            self._note_head_wait(plan)
 
     def _cpu_batch(self, plan: CpuPlan):
         """Run one CPU decode batch along its post-attention route."""
@@ -193,6 +202,13 @@ class DualPaceNode(Node):
                        held_back=ids(plan.held_back), req_ids=req_ids)
         for i in req_ids:  # ends the arrow of a request that just landed on the host
             trace.flow_to(i, CPU_ENGINE, (start + end) / 2)
+
+    def _note_head_wait(self, plan: CpuPlan) -> None:
+        """When tracing, note since when and why an idle CPU engine waits on the head of its
+        waiting queue (the slice is recorded when the engine wakes)."""
+        why = self._wait_reason(plan)
+        if why is not None:
+            self._head_wait = (self.env.now, plan.wait_for.req_id, why)
 
     def _wait_reason(self, plan: CpuPlan) -> str | None:
         """Why an idle CPU engine waits on the head of its waiting queue, for the trace: its KV
