@@ -228,13 +228,14 @@ class Node:
         when the last one lands. `landing` are the requests whose whole prompt is then on the
         host (the trace's migration arrows start from their last copy)."""
         d2h, trace, n = self.link.d2h, self.trace, self._n_layers
-        req_ids = ids(reqs) if trace is not None else ()
-        for k, end in enumerate(self.gpu.planned_layer_ends(start, pre, layer, n)):
+        ends = self.gpu.planned_layer_ends(start, pre, layer, n)
+        if trace is None:
+            return d2h.transfer_each(ends, layer_bytes)
+        req_ids = ids(reqs)
+        for k, end in enumerate(ends):
             copy_start, landed = d2h.transfer(end, layer_bytes)
-            if trace is not None:
-                self._trace_transfer(PCIE_D2H, "Prefill-to-CPU copy", copy_start, landed,
-                                     layer_bytes, req_ids, landing if k == n - 1 else (),
-                                     layer=k)
+            self._trace_transfer(PCIE_D2H, "Prefill-to-CPU copy", copy_start, landed,
+                                 layer_bytes, req_ids, landing if k == n - 1 else (), layer=k)
         return landed
 
     # --- trace recording (only with a recorder attached) ---------------------------------
