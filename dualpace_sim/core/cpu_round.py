@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .blocks import retire_finished
 from .plans import CpuPlan, CpuResult
-from .request import Owner, Request
+from .request import Owner, Request, emit_batch
 from .routing import route_for
 from .state import EngineState
 
@@ -87,15 +87,7 @@ class CpuScheduler:
     def apply(self, plan: CpuPlan, result: CpuResult) -> None:
         """Record sampled tokens; finished requests release their host KV."""
         st, t = self.state, result.end_s
-        done = False
-        cpu = int(Owner.CPU)  # a bytearray takes a plain int faster than an IntEnum
-        for r in plan.batch:  # Request.emit, inline: this runs for every token
-            times = r.token_times
-            times.append(t)
-            r.token_owners.append(cpu)
-            if len(times) >= r.max_tokens:
-                done = True
-        if done:
+        if emit_batch(plan.batch, t, Owner.CPU):
             st.cpu_running = retire_finished(st.cpu_running, st.host, st.finished)
             st.cpu_growth = sum(r.peak_blocks - len(r.blocks) for r in st.cpu_running)
             for r in st.marked:

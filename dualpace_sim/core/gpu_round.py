@@ -14,7 +14,7 @@ from itertools import chain
 from .blocks import retire_finished
 from .envelope import envelope_fits, extend_reserve, migration_reserve, tail_reserve
 from .plans import GpuPlan, GpuResult, PrefillChunk
-from .request import Owner, Request, blocks_for
+from .request import Owner, Request, blocks_for, emit_batch
 from .state import EngineState
 
 
@@ -372,14 +372,7 @@ class GpuScheduler:
     def apply(self, plan: GpuPlan, result: GpuResult) -> None:
         """Record sampled tokens; finished requests release HBM; new decodes join the queue."""
         st, t = self.state, result.end_s
-        done = False
-        gpu = int(Owner.GPU)  # a bytearray takes a plain int faster than an IntEnum
-        for r in plan.decodes:  # Request.emit, inline: this runs for every token
-            times = r.token_times
-            times.append(t)
-            r.token_owners.append(gpu)
-            if len(times) >= r.max_tokens:
-                done = True
+        done = emit_batch(plan.decodes, t, Owner.GPU)
         for c in plan.prefills:
             r = c.req
             r.prefilled += c.tokens

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .blocks import BlockPool, retire_finished
-from .request import Owner, Request, blocks_for
+from .request import Owner, Request, blocks_for, emit_batch
 
 
 class NeoPredictor(Protocol):
@@ -364,12 +364,8 @@ class NeoScheduler:
         """Every request in the iteration gets exactly one token."""
         done = False
         for b in plan.batches:
-            for r in b.prefills + b.gpu_decodes:
-                r.emit(end_s, Owner.GPU)
-                done |= r.finished
-            for r in b.cpu_decodes:
-                r.emit(end_s, Owner.CPU)
-                done |= r.finished
+            done |= emit_batch(b.prefills + b.gpu_decodes, end_s, Owner.GPU)
+            done |= emit_batch(b.cpu_decodes, end_s, Owner.CPU)
         if done:
             self.gpu_q = retire_finished(self.gpu_q, self.hbm, self.finished)
             self.cpu_q = deque(retire_finished(self.cpu_q, self.host, self.finished))
