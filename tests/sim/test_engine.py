@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
+
 from dualpace_sim.core import Owner
 from dualpace_sim.records import records_frame, write_records
 from dualpace_sim.scenario import load_scenario
