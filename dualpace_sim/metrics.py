@@ -204,24 +204,28 @@ def token_timeline(df: pd.DataFrame, max_points: int = TIMELINE_MAX_POINTS) -> p
     """Cumulative generated tokens and cumulative CPU-produced tokens at each distinct token time.
 
     Longer timelines are sampled at ``max_points`` evenly spaced events (always keeping the last);
-    the counts at kept times stay exact.
+    the counts at kept times stay exact. The distinct times are the engines' rounds, so only the
+    sort touches every token: the counts are read off the sorted times by position and search.
     """
     times, _ = _token_times(df)
-    is_cpu = np.frombuffer("".join(df["token_owners"]).encode("ascii"), dtype=np.uint8) == ord("C")
-    order = np.argsort(times, kind="stable")
-    times, is_cpu = times[order], is_cpu[order]
-    total = np.arange(1, times.size + 1, dtype=np.int64)
-    cpu = np.cumsum(is_cpu, dtype=np.int64)
+    cpu_times = np.sort(times[_cpu_mask(df)])
+    times.sort()  # _token_times made this array: sort it in place
     ends_time = np.append(times[1:] != times[:-1], True) if times.size else np.zeros(0, bool)
     last_of_time = np.flatnonzero(ends_time)
     if len(last_of_time) > max_points:
         pick = np.unique(np.linspace(0, len(last_of_time) - 1, max_points).round().astype(int))
         last_of_time = last_of_time[pick]
+    kept = times[last_of_time]
     return pd.DataFrame({
-        "time_s": times[last_of_time],
-        "total_tokens": total[last_of_time],
-        "cpu_tokens": cpu[last_of_time],
+        "time_s": kept,
+        "total_tokens": (last_of_time + 1).astype(np.int64),
+        "cpu_tokens": np.searchsorted(cpu_times, kept, side="right").astype(np.int64),
     })
+
+
+def _cpu_mask(df: pd.DataFrame) -> np.ndarray:
+    """Which of the concatenated tokens (see _token_times) the CPU engine produced."""
+    return np.frombuffer("".join(df["token_owners"]).encode("ascii"), dtype=np.uint8) == ord("C")
 
 
 def sustainable_rate(
@@ -255,8 +259,7 @@ def sustainable_rate(
 def cpu_token_times(df: pd.DataFrame) -> np.ndarray:
     """Emission times of every CPU-produced token (owner ``C``) of all requests, sorted."""
     times, _ = _token_times(df)
-    is_cpu = np.frombuffer("".join(df["token_owners"]).encode("ascii"), dtype=np.uint8) == ord("C")
-    return np.sort(times[is_cpu]) if times.size else np.empty(0)
+    return np.sort(times[_cpu_mask(df)]) if times.size else np.empty(0)
 
 
 _TO_CPU = ("prefill_to_cpu", "swap_out")

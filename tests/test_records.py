@@ -5,7 +5,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from dualpace_sim.records import RECORDS_SCHEMA, read_records, records_frame, write_records
+from dualpace_sim.records import (
+    RECORDS_SCHEMA,
+    read_records,
+    records_frame,
+    records_table,
+    write_records,
+)
 
 
 @dataclass
@@ -77,3 +83,13 @@ def test_foreign_parquet_is_rejected(tmp_path):
         read_records(tmp_path / "f.pq")
     with pytest.raises(ValueError, match="lacks column"):
         write_records(records_frame([], "x").drop(columns="finish_s"), tmp_path / "g.pq")
+
+
+def test_the_table_is_built_from_flat_token_arrays():
+    """records_table gives the frame's rows straight from one flat array per token column."""
+    table = records_table(sample_requests(), "dualpace")
+    assert table.schema == RECORDS_SCHEMA
+    assert table.column("token_times_s").to_pylist() == [[], [0.75], [1.0, 1.5, 2.5]]
+    assert table.column("token_owners").to_pylist() == ["", "G", "GCC"]
+    assert table.column("first_token_s").to_pylist()[1:] == [0.75, 1.0]
+    assert table.column("finish_s").to_pylist()[1:] == [0.75, 2.5]

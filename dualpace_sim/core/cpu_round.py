@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .blocks import retire_finished
 from .plans import CpuPlan, CpuResult
-from .request import Owner, Request
+from .request import Owner, Request, emit_batch
 from .routing import route_for
 from .state import EngineState
 
@@ -57,7 +57,7 @@ class CpuScheduler:
         plan = CpuPlan(
             batch=batch,
             route=route_for(len(batch), cfg.route_p, cfg.route_f),
-            context=sum(r.kv_tokens_after_step for r in batch),
+            context=sum(r.prompt_tokens + len(r.token_times) for r in batch),
             held_back=held_back,
             admitted=admitted,
         )
@@ -75,22 +75,19 @@ class CpuScheduler:
             st.cpu_waiting.extendleft(reversed(plan.held_back))
         for _ in range(plan.admitted):
             st.cpu_waiting.popleft()
+        growth = 0
         for r in plan.batch:
-            n = r.next_blocks(bs)
-            if n:
+            n = -(-(r.prompt_tokens + len(r.token_times)) // bs) - len(r.blocks)
+            if n > 0:  # Request.next_blocks, inline: this runs for every row of every round
                 r.blocks.extend(st.host.allocate(n))
+            growth += r.peak_blocks - len(r.blocks)
         st.cpu_running = list(plan.batch)
-        st.cpu_growth = sum(r.peak_blocks - len(r.blocks) for r in plan.batch)
+        st.cpu_growth = growth
 
     def apply(self, plan: CpuPlan, result: CpuResult) -> None:
         """Record sampled tokens; finished requests release their host KV."""
         st, t = self.state, result.end_s
-        done = False
-        for r in plan.batch:
-            r.emit(t, Owner.CPU)
-            if len(r.token_times) >= r.max_tokens:
-                done = True
-        if done:
+        if emit_batch(plan.batch, t, Owner.CPU):
             st.cpu_running = retire_finished(st.cpu_running, st.host, st.finished)
             st.cpu_growth = sum(r.peak_blocks - len(r.blocks) for r in st.cpu_running)
             for r in st.marked:

@@ -15,9 +15,16 @@ def migration_reserve(peaks_head_to_tail: Iterable[int], gpu_capacity: int) -> i
     """B_migration: scan the GPU ownership queue from its eviction tail, moving each request's
     finish-peak into the reserve until the remaining aggregate peak fits HBM (Eq. 4)."""
     peaks = list(peaks_head_to_tail)
-    excess = sum(peaks) - gpu_capacity
+    return tail_reserve(reversed(peaks), sum(peaks), gpu_capacity)
+
+
+def tail_reserve(peaks_tail_first: Iterable[int], total_peak: int, gpu_capacity: int) -> int:
+    """B_migration from the queue's finish-peaks read from its eviction tail and their sum
+    (kept as a running total): the scan stops as soon as the rest fits HBM, so it reads only
+    the tail it reserves."""
+    excess = total_peak - gpu_capacity
     reserve = 0
-    for peak in reversed(peaks):
+    for peak in peaks_tail_first:
         if reserve >= excess:
             break
         reserve += peak

@@ -7,13 +7,14 @@ allocations, queue moves, ownership hand-offs); the backend executes the plan an
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
 
 from .blocks import retire_finished
-from .envelope import envelope_fits, extend_reserve, migration_reserve
+from .envelope import envelope_fits, extend_reserve, migration_reserve, tail_reserve
 from .plans import GpuPlan, GpuResult, PrefillChunk
-from .request import Owner, Request, blocks_for
+from .request import Owner, Request, blocks_for, emit_batch
 from .state import EngineState
 
 
@@ -50,9 +51,13 @@ class GpuScheduler:
             plan.wait_for_copies = True
             return plan
 
-        # 2. Restore next-token HBM feasibility.
+        # 2. Restore next-token HBM feasibility. One pass over the queue: each request's KV
+        #    length after its next step, and the blocks that step adds (Request.next_blocks).
         running = st.gpu_running
-        needs = [r.next_blocks(bs) for r in running]
+        kv = [r.prompt_tokens + len(r.token_times) for r in running]
+        needs = [-(-k // bs) - len(r.blocks) for r, k in zip(running, kv, strict=True)]
+        if needs and min(needs) < 0:  # more blocks than the KV needs: nothing to add
+            needs = [n if n > 0 else 0 for n in needs]
         hbm_free = st.hbm.free
         deficit = sum(needs) - hbm_free
         decodes = running
@@ -71,14 +76,20 @@ class GpuScheduler:
                     if n <= room:
                         decodes.append(r)
                         room -= n
-        decodes = decodes[: min(cfg.gpu_max_rows, cfg.gpu_hard_token_limit)]
-        hbm_left = hbm_free - sum(r.next_blocks(bs) for r in decodes)
+        rows = min(cfg.gpu_max_rows, cfg.gpu_hard_token_limit)
+        if decodes is running:  # the whole queue, or its head: reuse the pass above
+            decodes = running[:rows]
+            hbm_left = hbm_free - sum(needs[:rows])
+            context = sum(kv[:rows])
+        else:
+            decodes = decodes[:rows]
+            hbm_left = hbm_free - sum(r.next_blocks(bs) for r in decodes)
+            context = sum(r.kv_tokens_after_step for r in decodes)
 
-        # 3. Reserve host space for future GPU evictions (B_migration over the queue).
-        victims_ids = {id(v) for v in plan.swap_outs}
-        queue = [r for r in running if id(r) not in victims_ids]
-        queue += [r for r in st.gpu_prefilling if not r.to_cpu]
-        queue_peak = sum(r.peak_blocks for r in queue)
+        # 3. Reserve host space for future GPU evictions (B_migration over the queue), from
+        #    the running Σ finish-peak of the queue and a scan of its eviction tail.
+        victims = plan.swap_outs
+        queue_peak = st.gpu_queue_peak - sum(v.peak_blocks for v in victims)
         marked_peak = sum(r.peak_blocks for r in st.marked)
         budget = _Budget(
             rows=len(decodes) + len(st.marked),
@@ -86,7 +97,7 @@ class GpuScheduler:
             hbm=hbm_left - sum(len(r.blocks) + 1 for r in st.marked),
             peak=queue_peak + marked_peak,
             queue_peak=queue_peak,
-            migration=migration_reserve((r.peak_blocks for r in queue), cfg.gpu_kv_blocks),
+            migration=tail_reserve(self._tail_peaks(victims), queue_peak, cfg.gpu_kv_blocks),
             host_planned=plan.swap_out_blocks,  # swap-outs are same-round host allocations
             host_growth=st.cpu_growth + st.waiting_growth() + sum(
                 v.peak_blocks - len(v.blocks) for v in plan.swap_outs),
@@ -110,8 +121,25 @@ class GpuScheduler:
                 self._place_marks(plan, budget)
 
         st.b_migration_next = budget.migration
-        plan.decode_context = sum(r.kv_tokens_after_step for r in plan.decodes)
+        swapped_in = plan.decodes[len(decodes):]
+        plan.decode_context = context + sum(r.kv_tokens_after_step for r in swapped_in)
         return plan
+
+    def _tail_peaks(self, victims: list[Request]) -> Iterator[int]:
+        """Finish-peaks of the GPU ownership queue (running, then prefilling towards HBM) from
+        its eviction tail, without this round's swap-out victims."""
+        st = self.state
+        for r in reversed(st.gpu_prefilling):
+            if not r.to_cpu:
+                yield r.peak_blocks
+        if victims:
+            gone = {id(v) for v in victims}
+            for r in reversed(st.gpu_running):
+                if id(r) not in gone:
+                    yield r.peak_blocks
+        else:
+            for r in reversed(st.gpu_running):
+                yield r.peak_blocks
 
     def _choose_victims(self, deficit: int, needs: list[int]) -> tuple[list[Request], int]:
         """Scan from the eviction tail; skip victims the host envelope cannot take."""
@@ -290,6 +318,7 @@ class GpuScheduler:
             gone = {id(v) for v in plan.swap_outs}
             st.gpu_running = [r for r in st.gpu_running if id(r) not in gone]
             for v in reversed(plan.swap_outs):  # oldest victim ends up first
+                st.gpu_queue_peak -= v.peak_blocks
                 st.hbm.release(v.blocks)
                 v.blocks = st.host.allocate(len(v.blocks))
                 v.ready, v.transit_to = False, Owner.CPU
@@ -307,12 +336,11 @@ class GpuScheduler:
                 r.marked = False
                 st.marked.remove(r)
             st.gpu_running.append(r)
-        swapped_in = {id(r) for r in plan.swap_ins}
-        for r in plan.decodes:
-            if id(r) not in swapped_in:
-                n = r.next_blocks(bs)
-                if n:
-                    r.blocks.extend(st.hbm.allocate(n))
+            st.gpu_queue_peak += r.peak_blocks
+        for r in plan.decodes[: len(plan.decodes) - len(plan.swap_ins)]:  # swap-ins come last
+            n = -(-(r.prompt_tokens + len(r.token_times)) // bs) - len(r.blocks)
+            if n > 0:  # Request.next_blocks, inline: this runs for every decode of every round
+                r.blocks.extend(st.hbm.allocate(n))
         for c in plan.prefills:
             self._commit_prefill(c)
         for r in plan.marks:
@@ -330,6 +358,8 @@ class GpuScheduler:
             pool = st.host if c.to_cpu else st.hbm
             r.blocks = pool.allocate(blocks_for(r.prompt_tokens, bs))
             st.gpu_prefilling.append(r)
+            if not c.to_cpu:
+                st.gpu_queue_peak += r.peak_blocks
         if c.to_cpu:
             st.copy_group.append(r)
             if c.last:  # to the CPU waiting frontier, unready until its copies land
@@ -342,11 +372,7 @@ class GpuScheduler:
     def apply(self, plan: GpuPlan, result: GpuResult) -> None:
         """Record sampled tokens; finished requests release HBM; new decodes join the queue."""
         st, t = self.state, result.end_s
-        done = False
-        for r in plan.decodes:
-            r.emit(t, Owner.GPU)
-            if len(r.token_times) >= r.max_tokens:
-                done = True
+        done = emit_batch(plan.decodes, t, Owner.GPU)
         for c in plan.prefills:
             r = c.req
             r.prefilled += c.tokens
@@ -360,7 +386,10 @@ class GpuScheduler:
                 st.hbm.release(r.blocks)
                 r.blocks = []
                 st.finished.append(r)
+                st.gpu_queue_peak -= r.peak_blocks
             else:
                 st.gpu_running.append(r)
         if done:
+            before = len(st.finished)
             st.gpu_running = retire_finished(st.gpu_running, st.hbm, st.finished)
+            st.gpu_queue_peak -= sum(r.peak_blocks for r in st.finished[before:])

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .blocks import BlockPool, retire_finished
-from .request import Owner, Request, blocks_for
+from .request import Owner, Request, blocks_for, emit_batch
 
 
 class NeoPredictor(Protocol):
@@ -241,7 +241,8 @@ class NeoScheduler:
             plan.swap_ins.append(head)
         # Prefill candidates, FCFS; the first CPU-bound prompt sends all later ones to the CPU.
         itm_needed = 0
-        cpu_needed = sum(self._blocks(r) for r in self.cpu_q)
+        cpu_needed = sum(-(-(r.prompt_tokens + len(r.token_times)) // bs)  # Σ _blocks, inline
+                         for r in self.cpu_q)
         b0 = SubBatch.with_gpu_decodes(self.gpu_q)
         for r in self.waiting:
             blk = blocks_for(r.prompt_tokens, bs)
@@ -273,18 +274,30 @@ class NeoScheduler:
         b1 = SubBatch()
         batches = (b0, b1)
         nxt, min_out = 1, None
+        # The scan adds CPU decodes only, so each candidate changes its target sub-batch's
+        # width (the other's linr term) and CPU time; both GPU-attention terms stay fixed.
+        # _remains, from those terms: remains[j] = linr(s_{1-j}) + gpu_attn_j - cpu_time_j.
+        attn = (b0.gpu_attn(p), b1.gpu_attn(p))
+        linr = [p.linr_T(b0.width), p.linr_T(b1.width)]
+        cpu = [b0.cpu_time(p), b1.cpu_time(p)]
         for r in self.cpu_q:
-            if not budget.take(1):
+            if budget.slots < 1 or budget.tokens < 1:  # budget.take(1) would fail
                 break
-            if min_out is not None and r.kv_tokens_after_step >= min_out:
-                budget.refund(1)
-                continue
-            batches[nxt].add_cpu_decode(r)
-            rem = _remains(b0, b1, p)
+            kv = r.prompt_tokens + len(r.token_times)
+            if min_out is not None and kv >= min_out:
+                continue  # (take and refund: the budget is unchanged)
+            budget.slots -= 1
+            budget.tokens -= 1
+            target = batches[nxt]
+            target.add_cpu_decode(r)
+            kept = linr[nxt], cpu[nxt]
+            linr[nxt], cpu[nxt] = p.linr_T(target.width), target.cpu_time(p)
+            rem = (linr[1] + attn[0] - cpu[0], linr[0] + attn[1] - cpu[1])
             if min(rem) < 0:
-                batches[nxt].pop_cpu_decode()
+                target.pop_cpu_decode()
+                linr[nxt], cpu[nxt] = kept
                 budget.refund(1)
-                min_out = r.kv_tokens_after_step  # every longer request is skipped from now on
+                min_out = kv  # every longer request is skipped from now on
             else:
                 nxt = 1 if rem[1] > rem[0] else 0
         if not b1.cpu_decodes:
@@ -351,12 +364,8 @@ class NeoScheduler:
         """Every request in the iteration gets exactly one token."""
         done = False
         for b in plan.batches:
-            for r in b.prefills + b.gpu_decodes:
-                r.emit(end_s, Owner.GPU)
-                done |= r.finished
-            for r in b.cpu_decodes:
-                r.emit(end_s, Owner.CPU)
-                done |= r.finished
+            done |= emit_batch(b.prefills + b.gpu_decodes, end_s, Owner.GPU)
+            done |= emit_batch(b.cpu_decodes, end_s, Owner.CPU)
         if done:
             self.gpu_q = retire_finished(self.gpu_q, self.hbm, self.finished)
             self.cpu_q = deque(retire_finished(self.cpu_q, self.host, self.finished))

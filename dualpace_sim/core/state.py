@@ -32,6 +32,9 @@ class EngineState:
         self.b_migration = 0  # B_migration, published by each GPU round
         self.b_migration_next = 0  # the value the GPU round being committed will publish
         self.cpu_growth = 0  # B_growth = Σ over cpu_running of (b̂ - b)
+        # Σ finish-peak of the GPU ownership queue (gpu_running and the prefills bound for
+        # HBM), kept up to date as requests join and leave it rather than summed every round.
+        self.gpu_queue_peak = 0
         self.copy_group: list[Request] = []  # Prefill-to-CPU requests whose copies are in flight
         self.finished: list[Request] = []
         self.n_submitted = 0
@@ -131,6 +134,10 @@ class EngineState:
         assert host_held == self.host.used, f"host accounting: {host_held} vs {self.host.used}"
         growth = sum(max(r.peak_blocks - len(r.blocks), 0) for r in self.cpu_running)
         assert growth == self.cpu_growth, f"B_growth {self.cpu_growth}, actual {growth}"
+        queue_peak = sum(r.peak_blocks for r in self.gpu_running) + sum(
+            r.peak_blocks for r in self.gpu_prefilling if not r.to_cpu)
+        assert queue_peak == self.gpu_queue_peak, (
+            f"GPU queue peak {self.gpu_queue_peak}, actual {queue_peak}")
         assert self.host_envelope_fits(), (
             f"host envelope: used {self.host.used} + growth {self.cpu_growth} + waiting growth "
             f"{self.waiting_growth()} + migration {self.b_migration} > capacity "

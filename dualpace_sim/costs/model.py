@@ -34,18 +34,33 @@ class CostExtrapolationWarning(UserWarning):
         self.table = table
 
 
+AXIS_MEMO_SIZE = 4096  # integer queries remembered per axis: batch sizes and token counts repeat
+
+
 class _Axis:
     """One interpolation axis: its points, in log space when they span a decade."""
 
-    __slots__ = ("lo", "hi", "log", "pts")
+    __slots__ = ("lo", "hi", "log", "pts", "_memo")
 
     def __init__(self, values: Sequence[float]) -> None:
         self.lo, self.hi = values[0], values[-1]
         self.log = self.lo > 0 and self.hi / self.lo >= 10
         self.pts = [math.log(v) for v in values] if self.log else list(values)
+        self._memo: dict[int, tuple[int, float]] = {}
 
     def locate(self, value: float) -> tuple[int, float]:
-        """Segment index i and position t (0..1 inside, <0 or >1 when extrapolating)."""
+        """Segment index i and position t (0..1 inside, <0 or >1 when extrapolating).
+        Integer queries are remembered (up to AXIS_MEMO_SIZE of them): a simulation asks for the
+        same batch sizes again and again, each time paying a log and a bisection."""
+        hit = self._memo.get(value)  # type: ignore[call-overload]
+        if hit is not None:
+            return hit
+        found = self._locate(value)
+        if type(value) is int and len(self._memo) < AXIS_MEMO_SIZE:
+            self._memo[value] = found
+        return found
+
+    def _locate(self, value: float) -> tuple[int, float]:
         if self.log:
             if value <= 0:
                 raise ValueError(f"{value} must be positive on a log-interpolated axis")

@@ -23,10 +23,9 @@ from ..core import (
     assist_reachable,
 )
 from ..costs import CostModel
-from ..trace_events import CPU_ENGINE, DENSE_ASSIST, GPU_ENGINE, TraceRecorder
+from ..trace_events import CPU_ENGINE, GPU_ENGINE, TraceRecorder
+from .assist import AssistBooker
 from .node import Node, ids
-
-_ASSIST_NAMES = {"p": "assist p", "lA": "assist lA", "lS": "assist lS"}  # trace slice names
 
 
 class DualPaceNode(Node):
@@ -49,6 +48,8 @@ class DualPaceNode(Node):
         self.gpu_sched = GpuScheduler(self.state)
         self.cpu_sched = CpuScheduler(self.state)
         self._copies_land_s = 0.0
+        self.assists = AssistBooker(self.env, self.gpu, self.link, cost, trace)
+        self._head_wait: tuple[float, int, str] | None = None  # (since, req_id, why), traced
 
     def _start(self) -> None:
         self.env.process(self._gpu_loop())
@@ -78,16 +79,18 @@ class DualPaceNode(Node):
                     if self.trace is not None:
                         self.trace.complete(GPU_ENGINE, "wait for Prefill-to-CPU copies",
                                             env.now, self._copies_land_s)
+                    self.assists.gpu_moves_on()
                     yield env.timeout(self._copies_land_s - env.now)
                 st.complete_copy_group(env.now)
                 self._note_finished()
-                self._wake("cpu")
+                self._wake_cpu()
                 continue
             if plan.is_empty:
+                self.assists.gpu_moves_on()
                 yield self._idle("gpu")
                 continue
             sched.commit(plan)
-            self._wake("cpu")
+            self._wake_cpu()
             self.stats.gpu_rounds += 1
             if plan.has_migrations:
                 yield from self._migrate(plan)
@@ -100,9 +103,10 @@ class DualPaceNode(Node):
         env = self.env
         land = self._book_swaps(plan)
         if land > env.now:
+            self.assists.gpu_moves_on()
             yield env.timeout(land - env.now)
         self.state.complete_migrations(plan.swap_outs, plan.swap_ins, env.now)
-        self._wake("cpu")
+        self._wake_cpu()
 
     def _forward(self, plan: GpuPlan):
         env, n = self.env, self._n_layers
@@ -134,11 +138,14 @@ class DualPaceNode(Node):
             if plan.held_back or plan.admitted:
                 self._wake("gpu")
             if plan.is_empty:
-                idle_from, why = self.env.now, self._wait_reason(plan)
+                self._note_head_wait(plan)
                 yield self._idle("cpu")
-                if why is not None and self.env.now > idle_from:
-                    self.trace.complete(CPU_ENGINE, "wait for head", idle_from, self.env.now,
-                                        req_id=plan.wait_for.req_id, reason=why)
+                if self._head_wait is not None:
+                    start, req_id, why = self._head_wait
+                    self._head_wait = None
+                    if self.env.now > start:
+                        self.trace.complete(CPU_ENGINE, "wait for head", start, self.env.now,
+                                            req_id=req_id, reason=why)
                 continue
             self.stats.cpu_rounds += 1
             routes = self.stats.routes
@@ -152,6 +159,18 @@ class DualPaceNode(Node):
             self._note_finished()
             self._wake("gpu")
 
+    def _wake_cpu(self) -> None:
+        """Wake an idle CPU engine only when its next round would run a batch. An idle engine
+        holds no running batch, so a round without one changes nothing; leaving it asleep
+        gives the same run without two events (and a schedule and commit) per GPU round."""
+        if not self._sleeping("cpu"):
+            return
+        plan = self.cpu_sched.schedule()
+        if not plan.is_empty:
+            self._wake("cpu")
+        elif self._head_wait is None:  # the engine now waits on a head it did not see yet
+            self._note_head_wait(plan)
+
     def _cpu_batch(self, plan: CpuPlan):
         """Run one CPU decode batch along its post-attention route."""
         env, cost, n = self.env, self.cost, self._n_layers
@@ -161,38 +180,17 @@ class DualPaceNode(Node):
         if plan.route is Route.FULL_CPU:
             yield env.timeout(pre + n * (local + cost.cpu_post_attn(b)) + cost.cpu_post_layer(b))
         elif plan.route is Route.SPLIT_FINAL:
-            yield env.timeout(pre + n * (local + cost.cpu_post_attn(b)) + cost.cpu_hidden_write(b))
-            yield env.timeout(self._assist("lS", b, in_acts=1, out_acts=0) - env.now)
+            first = pre + n * (local + cost.cpu_post_attn(b)) + cost.cpu_hidden_write(b)
+            yield from self.assists.run(b, first, ("lS",))
         else:
             write, read = cost.cpu_assist_write(b), cost.cpu_assist_read(b)
-            yield env.timeout(pre + local + write)
-            for _ in range(n - 1):
-                resume = self._assist("p", b, in_acts=2, out_acts=1)
-                yield env.timeout(resume - env.now + read + local + write)
-            yield env.timeout(self._assist("lA", b, in_acts=2, out_acts=0) - env.now)
+            kinds = ("p",) * (n - 1) + ("lA",)
+            yield from self.assists.run(b, pre + local + write, kinds, read, local, write)
 
     def _gpu_paced(self, plan: GpuPlan, layer: float) -> bool:
         """Whether the GPU, not its host's launch floor, sets this batch's layer time: graph
         replays always; an eager batch where its layer outlasts the floor."""
         return not plan.prefills or layer > self.cost.gpu_eager_floor(self.gpu_beside_cpu)
-
-    def _assist(self, kind: str, b: int, in_acts: int, out_acts: int) -> float:
-        """Hand one Dense Assist to the GPU worker now; returns when the CPU sees its result.
-
-        The GPU is displaced for o_x + g_x and the CPU waits q_x + g_x after the service starts
-        (paper Appendix B, Eq. 14); g_x includes moving the activations over the link."""
-        cost, now = self.cost, self.env.now
-        g = cost.assist_gpu(kind, b)
-        act = cost.activation_bytes(b)
-        self.link.h2d.carry(in_acts * act)
-        if out_acts:
-            self.link.d2h.carry(out_acts * act)
-        service = cost.assist_o(kind) + g
-        start = self.gpu.assist(now, service)
-        if self.trace is not None:
-            self.trace.complete(DENSE_ASSIST, _ASSIST_NAMES[kind], start, start + service,
-                                cpu_batch=b, queued_us=round((start - now) * 1e6, 3))
-        return start + g + cost.assist_q(kind)
 
     # ---------------------------------------------------------------------- trace recording
 
@@ -204,6 +202,13 @@ class DualPaceNode(Node):
                        held_back=ids(plan.held_back), req_ids=req_ids)
         for i in req_ids:  # ends the arrow of a request that just landed on the host
             trace.flow_to(i, CPU_ENGINE, (start + end) / 2)
+
+    def _note_head_wait(self, plan: CpuPlan) -> None:
+        """When tracing, note since when and why an idle CPU engine waits on the head of its
+        waiting queue (the slice is recorded when the engine wakes)."""
+        why = self._wait_reason(plan)
+        if why is not None:
+            self._head_wait = (self.env.now, plan.wait_for.req_id, why)
 
     def _wait_reason(self, plan: CpuPlan) -> str | None:
         """Why an idle CPU engine waits on the head of its waiting queue, for the trace: its KV

@@ -7,6 +7,10 @@ next stage; a running stage is never preempted. The boundaries of the current ba
 arithmetic progression, so finding "the next boundary after t" and pushing the rest of the batch
 back by an assist's service time are O(1) without one SimPy event per stage.
 
+A batch that must wait for an assist already being serviced is set up at once with its start
+at the assist's end, so the wait costs no event of its own; an assist that becomes ready before
+that start queues in front of the batch, as on the GPU's stream.
+
 Where the GPU sets the pace (graph-replayed decode layers, or eager layers slower than the
 host's launch floor), the real GPU engine keeps its host one stage ahead, so the GPU always
 has the next stage queued (dualpace_hw.runtime._StagePace): an assist the host takes at a
@@ -19,6 +23,7 @@ and the assist starts at the boundary.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import simpy
 
@@ -32,7 +37,13 @@ class GpuDevice:
         self.busy_s = 0.0  # GPU-main time, for utilization
         self.assist_s = 0.0  # time spent servicing Dense Assist
         self.assist_calls = 0
-        self._active = False
+        # Called once a batch is set up, before the worker sleeps: lets the caller book the
+        # assists that will meet it, so they are known before its end is scheduled.
+        self.on_batch_start: Callable[[], None] | None = None
+        self.active = False  # a main batch is set up (it may still wait for its start)
+        self._pre = 0.0
+        self._post = 0.0
+        self._start = 0.0  # when the batch's pre-layer starts
         self._first = 0.0  # time of boundary 0 (after the pre-layer), before shifts
         self._layer = 0.0  # one layer stage plus its boundary poll
         self._n_layers = 0
@@ -48,25 +59,36 @@ class GpuDevice:
         Prefill-to-CPU copy can start). `stage_queued`: the GPU sets the pace, so the host
         keeps the next stage queued and an assist runs one boundary later."""
         env = self.env
-        while self.busy_until > env.now:
-            yield env.timeout(self.busy_until - env.now)
-        start = env.now
-        self._first = start + pre_s + self.poll_s
+        self._pre, self._post = pre_s, post_s
         self._layer = layer_s + self.poll_s
         self._n_layers = n_layers
-        self._end = self._first + n_layers * self._layer + post_s
         self._shift = 0.0
         self._next_k = 0
         self._ahead = 1 if stage_queued else 0
-        self._active = True
+        self._begin(max(env.now, self.busy_until))
+        self.active = True
+        if self.on_batch_start is not None:
+            self.on_batch_start()
         while True:
             remaining = self._end + self._shift - env.now
             if remaining <= 1e-12:
                 break
             yield env.timeout(remaining)
-        self._active = False
-        self.busy_s += self._end - start
-        return start, self._first + n_layers * self._layer + self._shift
+        self.active = False
+        self.busy_s += self._end - self._start
+        return self._start, self._first + n_layers * self._layer + self._shift
+
+    def _begin(self, start: float) -> None:
+        """Place the batch's stages from `start` on."""
+        self._start = start
+        self._first = start + self._pre + self.poll_s
+        self._end = self._first + self._n_layers * self._layer + self._post
+
+    def serves_ahead(self, ready_s: float) -> bool:
+        """Whether an assist ready at `ready_s` can be booked now, ahead of the clock, with the
+        answer it would get at `ready_s`: a main batch is set up and still runs then, and until
+        then only the CPU engine's own assists, booked in order, change the GPU's timeline."""
+        return self.active and ready_s < self._end + self._shift
 
     def planned_layer_ends(self, start: float, pre_s: float, layer_s: float, n: int) -> list[float]:
         first = start + pre_s + self.poll_s
@@ -74,10 +96,15 @@ class GpuDevice:
         return [first + (k + 1) * step for k in range(n)]
 
     def assist(self, ready_s: float, service_s: float) -> float:
-        """Book a Dense Assist that became ready at `ready_s`; returns its service start."""
+        """Book a Dense Assist that becomes ready at `ready_s`; returns its service start."""
         self.assist_calls += 1
         self.assist_s += service_s
-        if self._active:
+        if self.active:
+            if ready_s < self._start:  # the batch waits for an assist: queue in front of it
+                start = self.busy_until
+                self.busy_until = start + service_s
+                self._begin(self.busy_until)
+                return start
             since_first = ready_s - self._shift - self._first
             k = max(self._next_k, math.ceil(since_first / self._layer - 1e-9) + self._ahead)
             if k <= self._n_layers:  # at a stage boundary of the running batch

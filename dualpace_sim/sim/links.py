@@ -29,6 +29,18 @@ class Channel:
         self.bytes_moved += nbytes
         return start, self.free_at
 
+    def transfer_each(self, issues_s: list[float], nbytes: int) -> float:
+        """Book one transfer of `nbytes` at each issue time, in order (what `transfer` does
+        for each, in one loop); returns when the last one lands."""
+        duration = self.duration(nbytes)
+        free, busy = self.free_at, self.busy_s
+        for issue in issues_s:
+            free = (issue if issue > free else free) + duration
+            busy += duration
+        self.free_at, self.busy_s = free, busy
+        self.bytes_moved += nbytes * len(issues_s)
+        return free
+
     def duration(self, nbytes: int) -> float:
         """Time on the wire of one transfer: latency plus bytes over bandwidth."""
         return self.latency_s + nbytes / self.bytes_per_s

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import simpy
+from simpy.events import NORMAL
 
 from ..core import GpuPlan, GpuResult, Request
 from ..core.neo import NeoPlan
@@ -23,6 +24,19 @@ def ids(reqs: Iterable[Request]) -> tuple[int, ...]:
     """Request ids for a trace slice's args: a tuple, not a list, because the garbage collector
     stops tracking tuples of ints, while hundreds of thousands of lists would slow it down."""
     return tuple(r.req_id for r in reqs)
+
+
+class CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts the events it schedules: the simulator's unit of work,
+    which the speed benchmarks report per request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events = 0
+
+    def schedule(self, event: simpy.Event, priority: int = NORMAL, delay: float = 0) -> None:
+        self.events += 1
+        super().schedule(event, priority, delay)
 
 
 class SimulationStalled(RuntimeError):
@@ -76,7 +90,7 @@ class Node:
         on_finish: Callable[[int], None] | None = None,
         trace: TraceRecorder | None = None,
     ) -> None:
-        self.env = simpy.Environment()
+        self.env = CountingEnvironment()
         self.trace = trace
         self.cost = cost
         link = cost.profile.link
@@ -135,6 +149,10 @@ class Node:
         event = self.env.event()
         self._events[engine] = event
         return event
+
+    def _sleeping(self, engine: str) -> bool:
+        """Whether the named engine waits to be woken."""
+        return engine in self._events
 
     def _wake(self, engine: str) -> None:
         event = self._events.pop(engine, None)
@@ -210,13 +228,14 @@ class Node:
         when the last one lands. `landing` are the requests whose whole prompt is then on the
         host (the trace's migration arrows start from their last copy)."""
         d2h, trace, n = self.link.d2h, self.trace, self._n_layers
-        req_ids = ids(reqs) if trace is not None else ()
-        for k, end in enumerate(self.gpu.planned_layer_ends(start, pre, layer, n)):
+        ends = self.gpu.planned_layer_ends(start, pre, layer, n)
+        if trace is None:
+            return d2h.transfer_each(ends, layer_bytes)
+        req_ids = ids(reqs)
+        for k, end in enumerate(ends):
             copy_start, landed = d2h.transfer(end, layer_bytes)
-            if trace is not None:
-                self._trace_transfer(PCIE_D2H, "Prefill-to-CPU copy", copy_start, landed,
-                                     layer_bytes, req_ids, landing if k == n - 1 else (),
-                                     layer=k)
+            self._trace_transfer(PCIE_D2H, "Prefill-to-CPU copy", copy_start, landed,
+                                 layer_bytes, req_ids, landing if k == n - 1 else (), layer=k)
         return landed
 
     # --- trace recording (only with a recorder attached) ---------------------------------

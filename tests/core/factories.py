@@ -61,6 +61,7 @@ def gpu_running(st: EngineState, r: Request, blocks: int | None = None) -> Reque
     r.blocks = st.hbm.allocate(_held(r, blocks))
     r.owner, r.ready, r.transit_to = Owner.GPU, True, None
     st.gpu_running.append(r)
+    st.gpu_queue_peak += r.peak_blocks
     st.n_submitted += 1
     return r
 
@@ -79,6 +80,8 @@ def gpu_prefilling(
     r.blocks = pool.allocate(blocks_for(r.prompt_tokens, st.config.block_size))
     r.prefilled, r.to_cpu = prefilled, to_cpu
     st.gpu_prefilling.append(r)
+    if not to_cpu:
+        st.gpu_queue_peak += r.peak_blocks
     st.n_submitted += 1
     return r
 

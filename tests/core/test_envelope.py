@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dualpace_sim.core import envelope_fits, extend_reserve, migration_reserve
+from dualpace_sim.core.envelope import tail_reserve
 
 from .factories import cpu_running, make_req, make_state
 
@@ -62,3 +63,20 @@ def test_state_envelope_uses_published_reserve_and_growth():
     assert s.host_envelope_fits(planned=2)  # 1 + 2 + 4 + 5 = 12
     assert not s.host_envelope_fits(planned=3)
     assert s.host_envelope_fits(planned=3, migration=4)
+
+
+@given(st.lists(st.integers(1, 20), max_size=12), st.integers(0, 120))
+def test_tail_reserve_reads_only_the_tail_it_reserves(peaks, capacity):
+    """Eq. 4 from a running Σ finish-peak and the queue read from its tail: the same reserve as
+    scanning the whole queue, reading only as many peaks as it reserves (plus the one that
+    shows the rest fits)."""
+    read = []
+
+    def from_tail():
+        for peak in reversed(peaks):
+            read.append(peak)
+            yield peak
+
+    reserve = tail_reserve(from_tail(), sum(peaks), capacity)
+    assert reserve == migration_reserve(peaks, capacity)
+    assert reserve in (sum(read), sum(read[:-1]))  # reserved all it read, or all but one

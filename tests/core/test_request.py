@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dualpace_sim.core import Owner, Request, blocks_for
+from dualpace_sim.core.request import emit_batch
 
 
 def test_blocks_for_rounds_up():
@@ -53,3 +54,13 @@ def test_finished_after_max_tokens_and_owner_record():
     assert r.finished and r.generated == 2
     assert list(r.token_owners) == [Owner.GPU, Owner.CPU]
     assert r.kv_tokens_after_step == 6
+
+
+def test_emit_batch_records_one_token_each_and_says_whether_one_finished():
+    """emit_batch is Request.emit over a round's requests; True once any reaches max_tokens."""
+    a, b = Request.create(0, 0.0, 4, 2, 4), Request.create(1, 0.0, 4, 3, 4)
+    assert emit_batch([a, b], 1.0, Owner.CPU) is False
+    assert emit_batch([a, b], 2.0, Owner.GPU) is True  # a reached its 2 tokens
+    assert (a.token_times, list(a.token_owners)) == ([1.0, 2.0], [Owner.CPU, Owner.GPU])
+    assert b.generated == 2 and not b.finished
+    assert emit_batch([], 3.0, Owner.GPU) is False

@@ -12,7 +12,7 @@ from dualpace_sim.costs import (
     load_spec,
     synthesize,
 )
-from dualpace_sim.costs.model import Interp1D, Interp2D
+from dualpace_sim.costs.model import AXIS_MEMO_SIZE, Interp1D, Interp2D
 from dualpace_sim.costs.profile import Table1D, Table2D
 
 LOG_X = [1.0, 10.0, 100.0]
@@ -88,6 +88,22 @@ def test_integer_lookups_are_memoized():
     assert f._memo == {42: value}
     f(42.5)
     assert 42.5 not in f._memo
+
+
+def test_bilinear_lookups_remember_integer_axis_positions_up_to_a_bound():
+    """A 2-D table remembers where integer queries fall on each axis (batch sizes repeat), gives
+    the same values with and without the memo, and stops remembering past AXIS_MEMO_SIZE."""
+    xs, ys = [1.0, 10.0, 100.0], [10.0, 100.0, 1000.0]
+    table = Table2D(x=xs, y=ys, z=[[x * y + 1 for y in ys] for x in xs])
+    g = Interp2D("t", table)
+    queries = [(b, c) for b in (1, 7, 33, 99) for c in (10, 64, 777, 999)]
+    first = [g(b, c) for b, c in queries]
+    assert set(g.ax._memo) == {1, 7, 33, 99} and set(g.ay._memo) == {10, 64, 777, 999}
+    assert [g(b, c) for b, c in queries] == first == [Interp2D("u", table)(float(b), float(c))
+                                                       for b, c in queries]
+    for c in range(10, 10 + AXIS_MEMO_SIZE + 50):
+        g(1, c)
+    assert len(g.ay._memo) == AXIS_MEMO_SIZE
 
 
 def test_bilinear_exact_and_between():

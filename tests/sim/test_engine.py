@@ -4,20 +4,81 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
+
 from dualpace_sim.core import Owner
 from dualpace_sim.records import records_frame, write_records
 from dualpace_sim.scenario import load_scenario
 from dualpace_sim.sim import DualPaceNode
+from dualpace_sim.sim.assist import AssistBooker
 
 # A small HBM and a CPU tier big enough to matter exercise every migration path.
 PRESSURE = {"gpu_kv_blocks": 600, "host_kv_blocks": 20000}
 
 
-def simulate(path):
+def simulate(path, node_class=DualPaceNode):
     loaded = load_scenario(path)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the profile grids must cover what the runs ask for
-        return loaded, DualPaceNode(loaded.requests, loaded.cost, loaded.config).run()
+        return loaded, node_class(loaded.requests, loaded.cost, loaded.config).run()
+
+
+class SteppingBooker(AssistBooker):
+    """Assists booked as before the closed form: a timeout to each one's ready time, then the
+    assist."""
+
+    def run(self, b, first_s, kinds, read=0.0, local=0.0, write=0.0):
+        env = self.env
+        yield env.timeout(first_s)
+        for i, kind in enumerate(kinds):
+            t = self.terms(kind, b)
+            self.link.h2d.carry(t.to_gpu)
+            self.link.d2h.carry(t.to_host)
+            resume = self.gpu.assist(env.now, t.service) + t.g + t.q
+            if i < len(kinds) - 1:
+                yield env.timeout(resume - env.now + read + local + write)
+        yield env.timeout(resume - env.now)
+
+
+class PerAssistNode(DualPaceNode):
+    """The node as it ran before: assists stepped one by one, and every idle CPU engine woken
+    after each GPU commit."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.assists = SteppingBooker(self.env, self.gpu, self.link, self.cost, self.trace)
+
+    def _wake_cpu(self):
+        self._wake("cpu")
+
+
+def run_counting(path, node_class):
+    """Records bytes, engine counters and SimPy events of one run."""
+    loaded = load_scenario(path)
+    node = node_class(loaded.requests, loaded.cost, loaded.config)
+    out = node.run()
+    return records_frame(out.requests, "dualpace"), out.stats, node.env.events
+
+
+@pytest.mark.parametrize("routes", [
+    {"route_p": 0, "route_f": 0},  # every CPU batch Fused-Assist
+    {"route_p": 4096, "route_f": 0, "cpu_batch_limit": 64},  # every CPU batch Split-Final
+    {},  # the profile's fitted (P, F): a mix
+])
+def test_the_closed_form_assist_chain_books_what_a_timeout_per_assist_booked(write_scenario,
+                                                                             routes):
+    """Booking a CPU batch's assists ahead of the clock, and leaving an idle CPU engine asleep
+    when it has nothing to run, give the same token times, engine counters and GPU timeline as
+    stepping to every assist and waking the CPU after every GPU commit, in far fewer events."""
+    path = write_scenario(scheduler={**PRESSURE, **routes})
+    frame, stats, events = run_counting(path, DualPaceNode)
+    old_frame, old_stats, old_events = run_counting(path, PerAssistNode)
+    assert stats.assist_calls > 0 and stats.cpu_rounds > 0
+    assert frame.equals(old_frame)
+    assert stats == old_stats
+    assert events < old_events
+    if routes.get("route_p") == 0:  # n_layers per CPU round before, a handful now
+        assert events < old_events / 2
 
 
 def test_every_request_completes_with_max_tokens_under_pressure(write_scenario):

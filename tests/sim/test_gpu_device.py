@@ -106,3 +106,50 @@ def test_idle_gpu_serves_assists_immediately_and_back_to_back():
     assert gpu.assist(1.0, 0.5) == 1.0
     assert gpu.assist(1.2, 0.5) == 1.5  # the first still occupies the GPU
     assert gpu.assist_calls == 2
+
+
+def test_a_batch_behind_a_serviced_assist_starts_at_its_end_and_later_assists_queue_first():
+    """A batch set up while an assist is serviced starts when it ends; an assist that becomes
+    ready before that start runs in front of the batch, which starts after it."""
+    env = simpy.Environment()
+    gpu = GpuDevice(env, poll_s=0.0, stage_mode=True)
+    log = {}
+    assert gpu.assist(0.0, 2.0) == 0.0  # the GPU is busy until 2
+
+    def engine():
+        log["span"] = yield from gpu.run_batch(PRE, LAYER, N, POST)
+        log["end"] = env.now
+
+    def cpu():
+        yield env.timeout(1.0)
+        log["queued"] = gpu.assist(env.now, 0.5)
+
+    env.process(engine())
+    env.process(cpu())
+    env.run()
+    assert log["queued"] == 2.0  # behind the first, in front of the batch
+    assert log["span"] == (2.5, 11.5)  # started at 2.5; last layer ends 2.5 + 1 + 4 * 2
+    assert log["end"] == 12.5
+
+
+def test_an_assist_is_booked_ahead_only_while_the_batch_set_up_runs():
+    """serves_ahead: ready before the batch's (shifted) end, with a batch set up."""
+    env = simpy.Environment()
+    gpu = GpuDevice(env, poll_s=0.0, stage_mode=True)
+    seen = []
+
+    def engine():
+        yield from gpu.run_batch(PRE, LAYER, N, POST)
+        seen.append(("after", gpu.serves_ahead(env.now + 1.0)))
+
+    def probe():
+        seen.append(("idle", gpu.serves_ahead(0.5)))
+        yield env.timeout(0.5)
+        gpu.assist(env.now, 1.0)  # shifts the end from 10 to 11
+        seen.append(("inside", gpu.serves_ahead(10.5)))
+        seen.append(("beyond", gpu.serves_ahead(11.0)))
+
+    env.process(probe())
+    env.process(engine())
+    env.run()
+    assert seen == [("idle", False), ("inside", True), ("beyond", False), ("after", False)]

@@ -21,3 +21,14 @@ def test_carried_assist_bytes_are_counted_but_never_delay_kv_copies():
     link.d2h.carry(10)
     assert link.d2h.free_at == pytest.approx(5.0)
     assert link.d2h.bytes_moved == 50
+
+
+def test_a_series_of_transfers_booked_in_one_call_lands_as_one_by_one():
+    """transfer_each books what a transfer per issue time books: the same queueing, the same
+    last landing, the same bytes and busy time."""
+    issues = [0.0, 0.5, 1.0, 9.0, 9.1]
+    one, each = Link(10.0, 20.0, 0.5), Link(10.0, 20.0, 0.5)
+    last = [one.d2h.transfer(t, 30)[1] for t in issues][-1]
+    assert each.d2h.transfer_each(issues, 30) == last
+    assert (each.d2h.free_at, each.d2h.bytes_moved, each.d2h.busy_s) == (
+        one.d2h.free_at, one.d2h.bytes_moved, one.d2h.busy_s)
