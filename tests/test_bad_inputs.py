@@ -638,8 +638,8 @@ HW_CASES = [
          "at least 1", "hw"),
     Case("hw profile --cpu-cores 100000", hw_profile("--cpu-cores", "100000"),
          "--cpu-cores 100000", "affinity", "hw"),
-    Case("hw profile --gpu-device tpu", hw_profile("--gpu-device", "tpu"), "--gpu-device tpu",
-         "cuda", "hw"),
+    Case("hw profile --gpu-device tpu", hw_profile("--gpu-device", "tpu"), "--device tpu",
+         "cuda", "hw"),  # --gpu-device is --device's older name; the error uses the new one
     Case("hw profile --out a directory", hw_profile("--out", "{tmp}"), "--out", "directory",
          "hw"),
     Case("hw profile --out under a file", lambda tmp: hw_profile(
