@@ -85,3 +85,36 @@ def reference_model(path: Path):
 
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                 attn_implementation="eager").eval()
+
+
+def reference_tokens(ref, prompt: list[int], n: int, params=None) -> list[int]:
+    """`n` tokens continuing `prompt` by transformers' forward: greedy, or sampled with
+    `params` (a seeded SamplingParams) through the runtime's own perturbation of the logits."""
+    from dualpace_hw.sampling import sample
+
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            logits = ref(torch.tensor([ids])).logits[0, -1:]
+            rows = [None if params is None else (params, len(ids))]
+            ids.append(sample(logits, rows)[0])
+    return ids[len(prompt):]
+
+
+def tiny_scenario(path: Path, checkpoint: Path, policies: list[str], **scheduler) -> Path:
+    """A scenario over `checkpoint`'s shape (a roofline of it) with pools small enough that
+    prompts go Prefill-to-CPU and decodes migrate; its workload is what `run` would replay."""
+    import yaml
+
+    path.write_text(yaml.safe_dump({
+        "name": "served-tiny",
+        "roofline": {"hardware": "rtx4090-xeon4510-12c",
+                     "model": str(checkpoint / "config.json")},
+        "policies": policies,
+        "vllm": {"max_num_batched_tokens": 64, "max_num_seqs": 8},
+        "scheduler": {"gpu_kv_blocks": 10, "host_kv_blocks": 400, "gpu_token_limit": 16,
+                      "cpu_batch_limit": 4, **scheduler},
+        "workload": {"source": "default", "num_requests": 4, "rate": 50.0, "seed": 1,
+                     "max_prompt_tokens": 24, "max_output_tokens": 12},
+    }))
+    return path

@@ -22,7 +22,7 @@ from dualpace_sim.core.plans import GpuPlan, PrefillChunk
 from dualpace_sim.core.request import Owner, Request, blocks_for
 from dualpace_sim.core.routing import Route
 
-from .checkpoints import make_checkpoint, reference_model
+from .checkpoints import make_checkpoint, reference_model, reference_tokens
 from .reference import dense_logits
 
 pytest.importorskip("transformers", reason="the reference comparison needs the serve extra")
@@ -41,12 +41,10 @@ def checkpoint(request, tmp_path_factory):
 
 def reference_greedy(ref, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
     """transformers' greedy continuation and its logits at every position of the result."""
-    ids = list(prompt)
+    tokens = reference_tokens(ref, prompt, n)
     with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(ref(torch.tensor([ids])).logits[0, -1].argmax()))
-        logits = ref(torch.tensor([ids[:-1]])).logits[0]
-    return ids[len(prompt):], logits
+        logits = ref(torch.tensor([prompt + tokens[:-1]])).logits[0]
+    return tokens, logits
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
