@@ -202,10 +202,10 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
 SERVED_ARRIVALS, SERVED_SCENARIO = "arrivals.csv", "served.yaml"
 
 
-def served_scenario(scenario: Path, out: Path, requests) -> Path:
+def served_scenario(scenario: Path, out: Path, requests, policy: str) -> Path:
     """`scenario` with the workload a server saw: every request's arrival, prompt length and
     tokens generated (a Vidur-format trace beside it, replayed at its own timestamps), so
-    `dualpace-sim validate OUT --scenario OUT/served.yaml` compares the served run with the
+    `dualpace-sim validate OUT/served.yaml --real OUT` compares the served run with the
     simulator fed the same arrivals. Paths the scenario names are made absolute."""
     import yaml
 
@@ -228,8 +228,75 @@ def served_scenario(scenario: Path, out: Path, requests) -> Path:
     for key in ("hardware", "model"):
         if isinstance(spec.get("roofline", {}).get(key), str):
             spec["roofline"][key] = absolute(spec["roofline"][key])
+    spec["policies"] = [policy]
     spec["workload"] = {"source": "vidur", "path": SERVED_ARRIVALS, "arrival": "trace",
                         "num_requests": len(rows)}
     path = out / SERVED_SCENARIO
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a port that cannot be bound before the runtime starts (minutes on a big model)."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ValueError(f"--host {host} --port {port}: cannot listen there ({e.strerror}); "
+                             "choose another port") from None
+
+
+def serve_real(loaded: LoadedScenario, checkpoint_path: Path, out: Path, policy: str,
+               host: str, port: int, device: str = "cuda", cpu_cores: int | None = None,
+               cpu_tp: int = 1, dtype: torch.dtype = torch.bfloat16,
+               model_name: str | None = None, default_max_tokens: int = 256) -> dict | None:
+    """`dualpace-hw serve`: the runtime over the checkpoint, behind the OpenAI-compatible
+    HTTP server until SIGTERM; then the served run's results in `out` as `run` writes them,
+    with `served.yaml`, the scenario of the arrivals the server saw, for `validate`.
+    Returns the summary (None when no request came)."""
+    from .http_server import create_app, run_server
+    from .serving import EngineService
+
+    if policy not in REAL_POLICIES:
+        raise ValueError(f"--policy {policy}: the real runtime serves "
+                         f"{' or '.join(REAL_POLICIES)}")
+    if policy not in loaded.spec.policies:
+        raise ValueError(f"--policy {policy}: not in {loaded.path}'s policies "
+                         f"({', '.join(loaded.spec.policies)}); add it there")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("no CUDA device: run on a GPU box, or pass --device cpu (tests)")
+    check_split(loaded.profile.model, device, cpu_tp, 1)
+    check_port(host, port)
+    checkpoint = open_checkpoint(checkpoint_path, loaded)
+    config = loaded.policy_config(policy)
+    pool = config.gpu_kv_blocks if policy == "vllm" else config.host_kv_blocks
+    max_context = pool * config.block_size  # a request's finish-peak must fit that pool
+    out.mkdir(parents=True, exist_ok=True)
+    loaded.profile.save(out / RUN_PROFILE)
+    runtime = build_runtime(loaded, policy, device, cpu_cores, cpu_tp=cpu_tp, dtype=dtype,
+                            checkpoint=checkpoint, specs=[])
+    svc = EngineService(runtime, checkpoint.tokenizer, checkpoint.eos_ids,
+                        min(config.gpu_kv_blocks, 256), max_context)
+    svc.start()
+    name = model_name or checkpoint.path.name
+    engine = f" (CPU engine process {runtime.cpu_engine.pid})" if policy == "dualpace" else ""
+    print(f"serving {name} with {policy}{engine} on http://{host}:{port}/v1", flush=True)
+    try:
+        run_server(svc, create_app(svc, name, max_context, default_max_tokens), host, port)
+    finally:
+        requests = svc.close()
+    if svc.failure is not None:
+        raise svc.failure
+    if not requests:
+        print("no requests were served: nothing written but the profile", flush=True)
+        return None
+    frame, summary = record_policy(out, loaded, policy, runtime, requests, None, device=device,
+                                   cpu_tp=cpu_tp, gpu_tp=1, served=True,
+                                   finished=dict(svc.finished))
+    write_results(out, {policy: frame}, [summary])
+    served_scenario(loaded.path, out, requests, policy)
+    plot_timeline({policy: frame}, out / "timeline")
+    return summary

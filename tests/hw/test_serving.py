@@ -154,7 +154,8 @@ def check_replay(tmp_path, svc: EngineService, policy: str) -> None:
     """The core's decisions are reproduced from the journal by the scenario of the arrivals
     the server saw (requests that ran to their max_tokens)."""
     out = tmp_path / "out"
-    loaded = load_scenario(served_scenario(tmp_path / "s.yaml", out, svc.requests_done))
+    loaded = load_scenario(served_scenario(tmp_path / "s.yaml", out, svc.requests_done,
+                                           policy))
     assert len(loaded.requests) == len(svc.requests_done)
     report = replay(svc.runtime.journal, loaded, policy)
     assert report.ok and report.calls == len(svc.runtime.journal.entries), report.line()
