@@ -65,10 +65,23 @@ class CompletionRequest(GenerationFields):
     prompt: str | list[int] | list[str]
 
 
+class TextPart(BaseModel):
+    """A part of a message's content; only text is served (no images or audio)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant"]
-    content: str
+    content: str | list[TextPart]  # a string, or parts as load tools such as guidellm send
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else \
+            "".join(p.text for p in self.content)
 
 
 class ChatRequest(GenerationFields):
@@ -140,7 +153,7 @@ class Api:
         return await self._respond(gen, body, request, chat=False)
 
     async def chat(self, body: ChatRequest, request: Request):
-        messages = [m.model_dump() for m in body.messages]
+        messages = [{"role": m.role, "content": m.text} for m in body.messages]
         try:
             prompt = self.svc.tokenizer.chat_prompt(messages)
         except Exception as e:  # noqa: BLE001 - the template's own errors, from jinja2

@@ -129,6 +129,10 @@ def test_chat_plain_and_streamed(server, checkpoint):
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
     assert chunks[-1].usage.completion_tokens == 8
+    parts = [{"role": "user", "content": [{"type": "text", "text": "what is the capital"},
+                                          {"type": "text", "text": " of france?"}]}]
+    r = server.client.chat.completions.create(model=MODEL, messages=parts, **GREEDY)
+    assert r.choices[0].message.content == want
 
 
 def test_seeded_sampling_is_reproducible_and_matches_the_reference(server, checkpoint):
