@@ -269,8 +269,8 @@ def serve_real(loaded: LoadedScenario, checkpoint_path: Path, out: Path, policy:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("no CUDA device: run on a GPU box, or pass --device cpu (tests)")
     check_split(loaded.profile.model, device, cpu_tp, 1)
-    check_port(host, port)
     checkpoint = open_checkpoint(checkpoint_path, loaded)
+    check_port(host, port)
     config = loaded.policy_config(policy)
     pool = config.gpu_kv_blocks if policy == "vllm" else config.host_kv_blocks
     max_context = pool * config.block_size  # a request's finish-peak must fit that pool
