@@ -1,4 +1,5 @@
-"""A Hugging Face checkpoint folder: its shape, its weights and its tokenizer.
+"""A Hugging Face checkpoint folder: its shape, its weights and its tokenizer; and a folder of
+seeded random weights of any shape, for serving where no checkpoint can be downloaded.
 
 `--checkpoint DIR` names a folder as the hub lays it out: `config.json`, one or more
 `*.safetensors` shards, `tokenizer.json` (the `tokenizers` library's format) and optionally
@@ -151,3 +152,102 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if named is not None:
         eos.add(named)
     return Checkpoint(path, shape, tokenizer, frozenset(eos))
+
+
+# What `train_tokenizer` learns its merges from: any text will do, the weights are random.
+TOKENIZER_CORPUS = (
+    "the quick brown fox jumps over the lazy dog. a paged kv cache holds the keys and values "
+    "of every request; the cpu engine decodes while the gpu engine prefills new prompts, and "
+    "dense assist runs the post-attention stages on the gpu. hello world, how are you today?"
+)
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def train_tokenizer(out: Path, vocab_size: int, corpus: list[str] | None = None) -> dict[str, int]:
+    """A byte-level BPE tokenizer (BOS added to every text) trained with the `tokenizers`
+    library, saved as out/tokenizer.json with a tokenizer_config.json (special tokens, a chat
+    template). Returns the special tokens' ids. A vocabulary too small for all 256 bytes (the
+    tiny test models') keeps only the corpus' bytes: other text encodes to nothing."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+                                  if vocab_size >= 2 * 256 else [],
+                                  show_progress=False)
+    tok.train_from_iterator(corpus or [TOKENIZER_CORPUS] * 20, trainer)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "chat_template": CHAT_TEMPLATE}, indent=2) + "\n")
+    return {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+
+
+def hf_config(shape: ModelShape, bos: int, eos: int) -> dict[str, Any]:
+    """The config.json of `shape` as Hugging Face writes it for Llama and Qwen3."""
+    config: dict[str, Any] = {
+        "architectures": ["Qwen3ForCausalLM" if shape.qk_norm else "LlamaForCausalLM"],
+        "model_type": "qwen3" if shape.qk_norm else "llama",
+        "num_hidden_layers": shape.n_layers, "hidden_size": shape.hidden_size,
+        "num_attention_heads": shape.n_heads, "num_key_value_heads": shape.n_kv_heads,
+        "head_dim": shape.head_dim, "intermediate_size": shape.intermediate_size,
+        "vocab_size": shape.vocab_size, "rms_norm_eps": shape.rms_norm_eps,
+        "rope_theta": shape.rope_theta, "tie_word_embeddings": shape.tie_word_embeddings,
+        "hidden_act": "silu", "torch_dtype": "bfloat16", "bos_token_id": bos,
+        "eos_token_id": eos, "max_position_embeddings": 131072,
+    }
+    if shape.rope_scaling_factor is not None:
+        config["rope_scaling"] = {
+            "rope_type": "llama3", "factor": shape.rope_scaling_factor,
+            "low_freq_factor": shape.rope_low_freq_factor,
+            "high_freq_factor": shape.rope_high_freq_factor,
+            "original_max_position_embeddings": shape.rope_original_max_position}
+    return config
+
+
+def hf_tensors(shape: ModelShape, weights: ModelWeights) -> dict[str, torch.Tensor]:
+    """`weights` under the checkpoint names `ModelWeights.from_safetensors` reads (the fused
+    projections split again)."""
+    t: dict[str, torch.Tensor] = {"model.embed_tokens.weight": weights.embed,
+                                  "model.norm.weight": weights.final_norm}
+    if not shape.tie_word_embeddings:
+        t["lm_head.weight"] = weights.lm_head.weight
+    for n, lw in enumerate(weights.layers):
+        p, a = f"model.layers.{n}.", f"model.layers.{n}.self_attn."
+        q, k, v = lw.qkv.weight.split([shape.q_dim, shape.kv_dim, shape.kv_dim])
+        gate, up = lw.gate_up.weight.chunk(2)
+        t |= {a + "q_proj.weight": q, a + "k_proj.weight": k, a + "v_proj.weight": v,
+              a + "o_proj.weight": lw.o.weight, p + "mlp.gate_proj.weight": gate,
+              p + "mlp.up_proj.weight": up, p + "mlp.down_proj.weight": lw.down.weight,
+              p + "input_layernorm.weight": lw.input_norm,
+              p + "post_attention_layernorm.weight": lw.post_norm}
+        if lw.q_norm is not None:
+            t |= {a + "q_norm.weight": lw.q_norm, a + "k_norm.weight": lw.k_norm}
+    return {name: x.detach().to("cpu").contiguous() for name, x in t.items()}
+
+
+def write_random_checkpoint(shape: ModelShape, out: Path, seed: int = 0,
+                            device: str | torch.device = "cpu",
+                            tokenizer_vocab: int = 512) -> Path:
+    """A checkpoint folder of `shape` with seeded random weights (drawn on `device`, bf16) and
+    a small trained tokenizer: what `serve` needs where nothing can be downloaded. Its text is
+    noise, but its timing is the model's (the tokenizer's few ids are all a prompt uses; the
+    model samples any of its own, and those the tokenizer lacks decode to nothing)."""
+    from safetensors.torch import save_file
+
+    ids = train_tokenizer(out, min(tokenizer_vocab, shape.vocab_size))
+    (out / "config.json").write_text(json.dumps(
+        hf_config(shape, ids["<s>"], ids["</s>"]), indent=2) + "\n")
+    weights = ModelWeights.random(shape, seed=seed, device=device)
+    save_file(hf_tensors(shape, weights), str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    return out

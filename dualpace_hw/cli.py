@@ -17,7 +17,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 @app.callback()
 def _commands() -> None:
     """Commands: profile (measure a box), run (replay a scenario for real), serve (an
-    OpenAI-compatible endpoint over a checkpoint)."""
+    OpenAI-compatible endpoint over a checkpoint), random-checkpoint (one to serve offline)."""
 
 
 def _fail(message: str) -> None:
@@ -186,6 +186,32 @@ def serve(
     if summary is not None:
         typer.echo(f"{policy}: served {summary['submitted']} requests "
                    f"(completed={summary['completed']}); results in {out}/")
+
+
+@app.command("random-checkpoint")
+def random_checkpoint(
+    model: Annotated[str, typer.Option(help="built-in model name or a HF config.json path")],
+    out: Annotated[Path, typer.Option(help="the checkpoint folder to write")],
+    seed: Annotated[int, typer.Option(help="seed of the random weights")] = 0,
+    device: Annotated[str, typer.Option(
+        help="where to draw the weights ('cuda' is much faster for billions)")] = "cpu",
+) -> None:
+    """Write a Hugging Face checkpoint folder of MODEL's shape with seeded random bf16 weights
+    and a small tokenizer trained here: what `serve` needs on a box that cannot download one
+    (the text is noise; the timing is the model's)."""
+    from dualpace_sim.costs.shapes import ModelShape
+
+    from .checkpoint import write_random_checkpoint
+
+    try:
+        shape = (ModelShape.from_hf_config(model) if model.endswith(".json")
+                 else ModelShape.from_name(model))
+    except (ValueError, OSError, KeyError) as e:
+        _fail(f"--model {model}: {e}")
+    if out.exists() and any(out.iterdir()):
+        _fail(f"--out {out}: not empty; give a new folder")
+    write_random_checkpoint(shape, out, seed, device)
+    typer.echo(f"wrote {out}/ (config.json, model.safetensors, tokenizer.json)")
 
 
 def _command_line(params: dict) -> str:

@@ -249,8 +249,9 @@ class EngineService:
 
 def held_back(text: str, stops: list[str]) -> int:
     """Characters at the end of `text` not to send yet: an incomplete UTF-8 sequence (the
-    replacement character), or the start of a stop string that may complete next token."""
+    replacement characters a later byte may still complete), or the start of a stop string
+    that may complete next token."""
     if text.endswith("\ufffd"):
-        return 1
+        return len(text) - len(text.rstrip("\ufffd"))
     return max((k for s in stops for k in range(min(len(s) - 1, len(text)), 0, -1)
                 if s.startswith(text[-k:])), default=0)

@@ -4,59 +4,23 @@ is downloaded and nothing is committed."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-CORPUS = [
-    "the quick brown fox jumps over the lazy dog",
-    "a paged kv cache holds the keys and values of every request",
-    "the cpu engine decodes while the gpu engine prefills new prompts",
-    "dense assist runs the post attention stages on the gpu",
-    "hello world, how are you today? i am fine, thank you.",
-    "user: what is the capital of france? assistant: paris.",
-] * 20
+from dualpace_hw.checkpoint import train_tokenizer
 
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>"
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
-SPECIAL = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
-
-
-def train_tokenizer(out: Path, vocab_size: int = 384) -> int:
-    """A byte-level BPE tokenizer with BOS added to every encoded text; returns its size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(CORPUS, trainer)
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.token_to_id("<s>"))])
-    tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "chat_template": CHAT_TEMPLATE}))
-    return tok.get_vocab_size()
+VOCAB = 600  # byte-level: 256 bytes, the special tokens and merges; the models have as many
 
 
 def make_checkpoint(out: Path, family: str, seed: int = 0) -> Path:
     """A 2-layer `family` ("llama" or "qwen3") checkpoint folder at `out`, float32."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    out.mkdir(parents=True, exist_ok=True)
-    vocab = train_tokenizer(out)
-    from tokenizers import Tokenizer
-
-    ids = Tokenizer.from_file(str(out / "tokenizer.json"))
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2,
-                  bos_token_id=ids.token_to_id("<s>"), eos_token_id=ids.token_to_id("</s>"),
-                  initializer_range=0.2, max_position_embeddings=512)
+    ids = train_tokenizer(out, VOCAB)
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, bos_token_id=ids["<s>"],
+                  eos_token_id=ids["</s>"], initializer_range=0.2, max_position_embeddings=512)
     if family == "llama":
         config = LlamaConfig(**common, head_dim=16, rms_norm_eps=1e-5, rope_theta=500000.0,
                              rope_scaling={"rope_type": "llama3", "factor": 8.0,

@@ -52,9 +52,11 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)],
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-2)],
                          ids=["float32", "bf16"])
 def test_logits_match_transformers_at_every_position(checkpoint, dtype, tol):
+    """Against transformers in float32: bf16 weights and activations (8 significant bits)
+    through two layers land within a few percent, float32 within rounding."""
     ck, ref = checkpoint
     model = Model(ck.shape, ck.weights(dtype=dtype))
     for text in PROMPTS:
@@ -177,3 +179,29 @@ def test_a_checkpoint_of_another_architecture_names_the_missing_tensor(tmp_path)
     with pytest.raises(CheckpointError, match="model.layers.2.*missing"):
         ck.weights()
     assert ck.matches(ck.shape) == []
+
+
+def test_a_random_checkpoint_loads_as_the_shape_it_was_written_for(tmp_path):
+    """`dualpace-hw random-checkpoint`: config.json, safetensors and a tokenizer that
+    `load_checkpoint` reads back as the same shape and weights."""
+    from typer.testing import CliRunner
+
+    from dualpace_hw.cli import app
+    from dualpace_hw.model import ModelWeights
+    from dualpace_sim.costs.shapes import ModelShape
+
+    for name in ("tiny-llama", "tiny-qwen3"):
+        out = tmp_path / name
+        result = CliRunner().invoke(app, ["random-checkpoint", "--model", name, "--out", str(out),
+                                          "--seed", "3"])
+        assert result.exit_code == 0, result.output
+        shape = ModelShape.from_name(name)
+        ck = load_checkpoint(out)
+        assert not ck.matches(shape) and ck.shape.rope_scaling_factor == shape.rope_scaling_factor
+        got, want = ck.weights(), ModelWeights.random(shape, seed=3)
+        for a, b in zip(got.tensors(), want.tensors(), strict=True):
+            assert torch.equal(a, b)
+        assert ck.eos_ids == {ck.tokenizer.token_id("</s>")}
+    again = CliRunner().invoke(app, ["random-checkpoint", "--model", "tiny-llama", "--out",
+                                     str(tmp_path / "tiny-llama")])
+    assert again.exit_code == 2 and "not empty" in again.output

@@ -161,7 +161,7 @@ def test_concurrent_requests_each_get_their_own_tokens(server, checkpoint):
 
 BAD_REQUESTS = [
     ("unknown model", {"model": "gpt-4", "prompt": "hi"}, "model", "not served here"),
-    ("prompt longer than any pool holds", {"model": MODEL, "prompt": "hello " * 4000},
+    ("prompt longer than any pool holds", {"model": MODEL, "prompt": [5] * 7000},
      "prompt", "at most 6400 tokens"),
     ("max_tokens 0", {"model": MODEL, "prompt": "hi", "max_tokens": 0}, "max_tokens",
      "must be in \\[1, "),
