@@ -25,7 +25,7 @@ $(VENV)/.hw: $(BIN)/dualpace-sim
 LOAD_VENV := .venv-load
 $(LOAD_VENV)/bin/guidellm:
 	$(PYTHON) -m venv $(LOAD_VENV)
-	$(LOAD_VENV)/bin/python -m pip install --quiet "guidellm==0.8.1"
+	$(LOAD_VENV)/bin/python -m pip install --quiet "$(TORCH)" "guidellm==0.8.1"
 
 load-tool: $(LOAD_VENV)/bin/guidellm
 

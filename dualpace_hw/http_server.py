@@ -97,9 +97,10 @@ def error_body(message: str, param: str | None, status: int = 400) -> dict[str, 
 class Api:
     """The routes over one engine service and one served model."""
 
-    def __init__(self, svc: EngineService, model: str, max_context: int,
+    def __init__(self, svc: EngineService, model: str, max_context: int, vocab_size: int,
                  default_max_tokens: int) -> None:
         self.svc, self.model, self.max_context = svc, model, max_context
+        self.vocab_size = vocab_size  # the model's (a tokenizer may know fewer ids)
         self.default_max_tokens = default_max_tokens
         self.created = int(time.time())
 
@@ -115,7 +116,7 @@ class Api:
             raise BadRequest("n", f"n {body.n}: this server returns one choice (n = 1)")
         if not prompt:
             raise BadRequest("messages" if chat else "prompt", "the prompt is empty")
-        vocab = self.svc.tokenizer.vocab_size
+        vocab = self.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise BadRequest("prompt", f"token ids must be in [0, {vocab})")
         room = self.max_context - len(prompt)
@@ -224,10 +225,10 @@ class Api:
              "owned_by": "dualpace", "max_model_len": self.max_context}]}
 
 
-def create_app(svc: EngineService, model: str, max_context: int,
+def create_app(svc: EngineService, model: str, max_context: int, vocab_size: int,
                default_max_tokens: int = 256) -> FastAPI:
     """The FastAPI app; its lifespan runs the service's token pump."""
-    api = Api(svc, model, max_context, default_max_tokens)
+    api = Api(svc, model, max_context, vocab_size, default_max_tokens)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

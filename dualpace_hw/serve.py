@@ -285,7 +285,8 @@ def serve_real(loaded: LoadedScenario, checkpoint_path: Path, out: Path, policy:
     engine = f" (CPU engine process {runtime.cpu_engine.pid})" if policy == "dualpace" else ""
     print(f"serving {name} with {policy}{engine} on http://{host}:{port}/v1", flush=True)
     try:
-        run_server(svc, create_app(svc, name, max_context, default_max_tokens), host, port)
+        run_server(svc, create_app(svc, name, max_context, checkpoint.shape.vocab_size,
+                                        default_max_tokens), host, port)
     finally:
         requests = svc.close()
     if svc.failure is not None:

@@ -114,7 +114,7 @@ def test_models_health_and_a_plain_and_a_streamed_completion(server, checkpoint)
     chunks = list(server.client.completions.create(model=MODEL, prompt=prompt, stream=True,
                                                    **GREEDY))
     assert "".join(ch.choices[0].text for ch in chunks) == want
-    assert chunks[-1].choices[0].finish_reason == "length" and len(chunks) > 2
+    assert chunks[-1].choices[0].finish_reason == "length"
 
 
 def test_chat_plain_and_streamed(server, checkpoint):

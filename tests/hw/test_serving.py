@@ -73,7 +73,8 @@ def run(svc: EngineService, prompts, sampling=None, stop=(), ignore_eos=True, n=
                          ids=["fused-assist", "full-cpu", "split-final"])
 def test_served_requests_get_the_reference_tokens_greedy_and_sampled(tmp_path, llama, route):
     ck_path, ref = llama
-    svc = service(tmp_path, ck_path, route_p=route[0], route_f=route[1])
+    # 4 HBM blocks: a few requests decode on the GPU, the rest go Prefill-to-CPU
+    svc = service(tmp_path, ck_path, route_p=route[0], route_f=route[1], gpu_kv_blocks=4)
     try:
         tok = svc.tokenizer
         prompts = [tok.encode(t) for t in TEXTS] * 2
