@@ -10,6 +10,8 @@ import torch
 
 from dualpace_hw.checkpoint import train_tokenizer
 
+from . import scenarios
+
 VOCAB = 600  # byte-level: 256 bytes, the special tokens and merges; the models have as many
 
 
@@ -66,19 +68,9 @@ def reference_tokens(ref, prompt: list[int], n: int, params=None) -> list[int]:
 
 
 def tiny_scenario(path: Path, checkpoint: Path, policies: list[str], **scheduler) -> Path:
-    """A scenario over `checkpoint`'s shape (a roofline of it) with pools small enough that
-    prompts go Prefill-to-CPU and decodes migrate; its workload is what `run` would replay."""
-    import yaml
-
-    path.write_text(yaml.safe_dump({
-        "name": "served-tiny",
-        "roofline": {"hardware": "rtx4090-xeon4510-12c",
-                     "model": str(checkpoint / "config.json")},
-        "policies": policies,
-        "vllm": {"max_num_batched_tokens": 64, "max_num_seqs": 8},
-        "scheduler": {"gpu_kv_blocks": 10, "host_kv_blocks": 400, "gpu_token_limit": 16,
-                      "cpu_batch_limit": 4, **scheduler},
-        "workload": {"source": "default", "num_requests": 4, "rate": 50.0, "seed": 1,
-                     "max_prompt_tokens": 24, "max_output_tokens": 12},
-    }))
-    return path
+    """A scenario over `checkpoint`'s shape (a roofline of its config.json); its workload is
+    what `run` would replay."""
+    return scenarios.tiny_scenario(
+        path, str(checkpoint / "config.json"), policies, "served-tiny",
+        {"num_requests": 4, "rate": 50.0, "seed": 1, "max_prompt_tokens": 24,
+         "max_output_tokens": 12}, **scheduler)
