@@ -7,7 +7,7 @@ OUT ?= results/quickstart
 # install the CUDA build you want first; `pip install -e ".[hw]"` then keeps it.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test docs lint bench clean
+.PHONY: demo test docs lint bench clean load-tool
 
 $(BIN)/dualpace-sim: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,13 +17,22 @@ $(BIN)/dualpace-sim: pyproject.toml
 
 $(VENV)/.hw: $(BIN)/dualpace-sim
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[dev,hw,notebooks,docs,ray]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,hw,serve,notebooks,docs,ray]"
 	touch $@
+
+# guidellm, the load tool benchmarks/serve_load.py drives `dualpace-hw serve` with, in a
+# virtual environment of its own: it pins click and torch versions of its own.
+LOAD_VENV := .venv-load
+$(LOAD_VENV)/bin/guidellm:
+	$(PYTHON) -m venv $(LOAD_VENV)
+	$(LOAD_VENV)/bin/python -m pip install --quiet "$(TORCH)" "guidellm==0.8.1"
+
+load-tool: $(LOAD_VENV)/bin/guidellm
 
 demo: $(BIN)/dualpace-sim
 	$(BIN)/dualpace-sim run scenarios/quickstart.yaml --out $(OUT)
 
-test: $(VENV)/.hw docs
+test: $(VENV)/.hw $(LOAD_VENV)/bin/guidellm docs
 	$(BIN)/ruff check dualpace_sim dualpace_hw tests benchmarks docs/gen docs/validation/analysis
 	$(BIN)/python -m pytest
 
@@ -36,4 +45,4 @@ bench: $(BIN)/dualpace-sim
 	$(BIN)/python benchmarks/sim_speed.py
 
 clean:
-	rm -rf $(VENV) results site .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LOAD_VENV) results site .pytest_cache .hypothesis

@@ -1,4 +1,5 @@
-"""`dualpace-hw`: measure a box (profile); the real runtime arrives with `run`."""
+"""`dualpace-hw`: measure a box (profile), replay a scenario for real (run), serve clients over
+HTTP (serve)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 @app.callback()
 def _commands() -> None:
-    """Commands: profile (measure a box), run (serve a scenario for real)."""
+    """Commands: profile (measure a box), run (replay a scenario for real), serve (an
+    OpenAI-compatible endpoint over a checkpoint), random-checkpoint (one to serve offline)."""
 
 
 INTERRUPTED_PROFILE = "interrupted; rerun the same command to resume the profile"
@@ -28,8 +30,13 @@ def _fail(message: str) -> None:
 
 @app.command()
 def profile(
-    model: Annotated[str, typer.Option(help="built-in model name or a HF config.json path")],
     out: Annotated[Path, typer.Option(help="where to write, e.g. calibration/<box>/<model>.yaml")],
+    model: Annotated[str | None, typer.Option(
+        help="built-in model name or a HF config.json path")] = None,
+    checkpoint: Annotated[Path | None, typer.Option(
+        metavar="DIR", help="a Hugging Face checkpoint folder instead of --model: its "
+                            "config.json gives the shapes timed (values do not change timing, "
+                            "so its weights are not read)")] = None,
     box: Annotated[str, typer.Option(help="box name recorded in the profile")] = "this-box",
     quick: Annotated[bool, typer.Option(help="tiny grids and few repeats (tests)")] = False,
     cpu_cores: Annotated[int | None, typer.Option(help="CPU threads (and cores) to use")] = None,
@@ -68,11 +75,22 @@ def profile(
         check_kv_gib(gpu_kv_gib, host_kv_gib)
     except ArgumentError as e:
         _fail(str(e))
-    try:
-        shape = (ModelShape.from_hf_config(model) if model.endswith(".json") or Path(model).is_dir()
-                 else ModelShape.from_name(model))
-    except (ValueError, OSError, KeyError) as e:
-        _fail(f"--model {model}: {e}")
+    if (model is None) == (checkpoint is None):
+        _fail("give one of --model (a name or a config.json) and --checkpoint (a folder)")
+    if checkpoint is not None:
+        from .checkpoint import CheckpointError, load_checkpoint
+
+        try:
+            shape = load_checkpoint(checkpoint).shape
+        except CheckpointError as e:
+            _fail(f"--checkpoint {checkpoint}: {e}")
+    else:
+        try:
+            shape = (ModelShape.from_hf_config(model)
+                     if model.endswith(".json") or Path(model).is_dir()
+                     else ModelShape.from_name(model))
+        except (ValueError, OSError, KeyError) as e:
+            _fail(f"--model {model}: {e}")
     opt = Options(shape=shape, out=out, box_name=box, quick=quick, gpu_device=gpu_device,
                   cpu_cores=cpu_cores, cpu_tp=cpu_tp, gpu_tp=gpu_tp, gpu_kv_gib=gpu_kv_gib,
                   host_kv_gib=host_kv_gib,
@@ -112,6 +130,11 @@ def run(
     policy: Annotated[list[str] | None, typer.Option(
         help="run only this of the scenario's policies; repeat it to run several, in the "
              "order given (default: the scenario's, in its order)")] = None,
+    checkpoint: Annotated[Path | None, typer.Option(
+        metavar="DIR", help="a Hugging Face checkpoint folder (config.json, *.safetensors, "
+                            "tokenizer.json) whose weights to run, its shape the scenario's "
+                            "model (default: seeded random weights; timing does not depend on "
+                            "values)")] = None,
 ) -> None:
     """Replay SCENARIO's workload in real time against the real runtime (DualPace and vLLM;
     NEO is simulated only) and write what `dualpace-sim run` writes."""
@@ -126,7 +149,7 @@ def run(
         check_out_file,
     )
     from .runtime import EngineFailure
-    from .serve import run_real
+    from .serve import open_checkpoint, run_real
 
     if not out.strip():
         _fail("--out: empty; give the directory for the results")
@@ -144,8 +167,9 @@ def run(
         if "dualpace" in (policy or loaded.spec.policies):  # the one with a host pool
             check_host_kv(loaded.config.host_kv_blocks, loaded.config.block_size,
                           loaded.profile.model, str(scenario))
+        weights = None if checkpoint is None else open_checkpoint(checkpoint, loaded)
         summaries = run_real(loaded, out, device, cpu_cores, trace_events, cpu_tp, gpu_tp,
-                             policy)
+                             policy, weights)
     except (ScenarioError, ValueError, EngineFailure) as e:  # ArgumentError is a ValueError
         _fail(str(e))
     except KeyboardInterrupt:
@@ -159,11 +183,86 @@ def run(
     typer.echo(f"results in {out}/")
 
 
+@app.command()
+def serve(
+    scenario: Annotated[Path, typer.Argument(
+        help="scenario YAML: its profile and scheduler size the pools and fit the controls "
+             "(its workload is not used: clients send the requests)")],
+    checkpoint: Annotated[Path, typer.Option(
+        metavar="DIR", help="the Hugging Face checkpoint folder to serve (config.json, "
+                            "*.safetensors, tokenizer.json; its shape the scenario's model)")],
+    out: Annotated[Path, typer.Option(
+        help="directory for the served run's results, written when the server stops")],
+    policy: Annotated[str, typer.Option(help="dualpace or vllm (one of the scenario's)")] = (
+        "dualpace"),
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="port to listen on")] = 8000,
+    model_name: Annotated[str | None, typer.Option(
+        help="the model's name in the API (default: the checkpoint folder's name)")] = None,
+    device: Annotated[str, typer.Option(help="'cuda', or 'cpu' for tests")] = "cuda",
+    cpu_cores: Annotated[int | None, typer.Option(help="cores for the CPU engine")] = None,
+    cpu_tp: Annotated[int, typer.Option(
+        min=1, help="CPU tensor-parallel ranks (processes over Gloo)")] = 1,
+    dtype: Annotated[str, typer.Option(
+        help="bfloat16, or float32 (tests compare tokens exactly)")] = "bfloat16",
+    default_max_tokens: Annotated[int, typer.Option(
+        min=1, help="a chat request's max_tokens when it gives none")] = 256,
+) -> None:
+    """Serve CHECKPOINT over an OpenAI-compatible HTTP API (/v1/completions,
+    /v1/chat/completions, /v1/models, /health, /metrics) on the real runtime, until SIGTERM or
+    Ctrl-C; then write what `run` writes, and served.yaml for `dualpace-sim validate`."""
+    import torch
+
+    from dualpace_sim.scenario import ScenarioError, load_scenario
+
+    from .runtime import EngineFailure
+    from .serve import serve_real
+
+    dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+    if dtype not in dtypes:
+        _fail(f"--dtype {dtype}: choose bfloat16 or float32")
+    try:
+        summary = serve_real(load_scenario(scenario), checkpoint, out, policy, host, port,
+                             device, cpu_cores, cpu_tp, dtypes[dtype], model_name,
+                             default_max_tokens)
+    except (ScenarioError, ValueError, EngineFailure) as e:
+        _fail(str(e))
+    if summary is not None:
+        typer.echo(f"{policy}: served {summary['submitted']} requests "
+                   f"(completed={summary['completed']}); results in {out}/")
+
+
+@app.command("random-checkpoint")
+def random_checkpoint(
+    model: Annotated[str, typer.Option(help="built-in model name or a HF config.json path")],
+    out: Annotated[Path, typer.Option(help="the checkpoint folder to write")],
+    seed: Annotated[int, typer.Option(help="seed of the random weights")] = 0,
+    device: Annotated[str, typer.Option(
+        help="where to draw the weights ('cuda' is much faster for billions)")] = "cpu",
+) -> None:
+    """Write a Hugging Face checkpoint folder of MODEL's shape with seeded random bf16 weights
+    and a small tokenizer trained here: what `serve` needs on a box that cannot download one
+    (the text is noise; the timing is the model's)."""
+    from dualpace_sim.costs.shapes import ModelShape
+
+    from .checkpoint import write_random_checkpoint
+
+    try:
+        shape = (ModelShape.from_hf_config(model) if model.endswith(".json")
+                 else ModelShape.from_name(model))
+    except (ValueError, OSError, KeyError) as e:
+        _fail(f"--model {model}: {e}")
+    if out.exists() and any(out.iterdir()):
+        _fail(f"--out {out}: not empty; give a new folder")
+    write_random_checkpoint(shape, out, seed, device)
+    typer.echo(f"wrote {out}/ (config.json, model.safetensors, tokenizer.json)")
+
+
 def _command_line(params: dict) -> str:
     """The profile command as a user would retype it, for the profile's provenance."""
     words = ["dualpace-hw", "profile"]
     flags = {"gpu_device": "--device"}  # the option's name where it is not the parameter's
-    for name in ("model", "out", "box", "cpu_cores", "cpu_tp", "gpu_tp", "gpu_kv_gib",
+    for name in ("model", "checkpoint", "out", "box", "cpu_cores", "cpu_tp", "gpu_tp", "gpu_kv_gib",
                  "host_kv_gib", "gpu_device"):
         if params[name] is not None:
             words += [flags.get(name, f"--{name.replace('_', '-')}"), str(params[name])]

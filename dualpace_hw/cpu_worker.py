@@ -8,7 +8,7 @@ CUDA-pinned, the GPU engine's swaps and Prefill-to-CPU copies land there directl
 engine's copy of the weights, and the Dense Assist control block and buffers. The pipe carries
 one message per step each way:
 
-    parent -> worker: ("step", CpuStep) | ("stop",)
+    parent -> worker: ("step", CpuStep, rows) | ("stop",)   (rows: sampling.Row per request)
     worker -> parent: ("ready", pid) | ("done", tokens, busy_s, assist_s) | ("error", message)
 
 Dense Assist goes through the shared control block (`AssistBlock`), as in the paper: the worker
@@ -48,6 +48,7 @@ from .kv import PagedKVPool
 from .model import LayerWeights, Model, ModelWeights
 from .packed import pack_model
 from .processes import forget, gloo_rendezvous, spawn, stop
+from .sampling import Sampler, SamplingModel
 from .shm import ArenaHandle, SharedArena, TensorRef
 from .tp import all_reduce, shard_shape, shard_weights
 
@@ -252,6 +253,7 @@ def _worker_main(conn, spec: WorkerSpec) -> None:
             if sharded:
                 dist.barrier()  # the head is replicated: every rank has packed it from here
             warena.release(head)  # an untied LM head, repacked
+        model = SamplingModel(model)  # its post-layer samples the rows each step names
         pool = PagedKVPool(shape, storage.shape[2], spec.block_size, dtype=storage.dtype,
                            storage=storage)
         # Spin on the assist block only on cores of our own (the runtime's --cpu-cores).
@@ -270,6 +272,7 @@ def _worker_main(conn, spec: WorkerSpec) -> None:
             if msg[0] != "step":
                 return
             start, assist.waited_s = time.perf_counter(), 0.0
+            model.rows = msg[2]
             tokens = ex.run(msg[1])
             conn.send(("done", tokens, time.perf_counter() - start, assist.waited_s))
     except (EOFError, BrokenPipeError, WorkerStopped):
@@ -306,6 +309,7 @@ class CpuEngineProcess:
     ) -> None:
         self.procs: list[mp.Process] = []
         self.conns: list = []
+        self.sampler: Sampler | None = None  # the runtime's, for requests that sample
         self.cores = tuple(cores) if cores else None
         self.tp = tp
         if tp > 1:
@@ -390,8 +394,21 @@ class CpuEngineProcess:
         """Run one step on every rank (Dense Assists go through `self.assist`, served by the
         GPU engine). Returns (tokens, busy_s, assist_s): the step's time on its slowest rank,
         and the part that rank waited on its assists."""
+        sampler = self.sampler
+        rows = None if sampler is None else sampler.rows(
+            step.req_ids, [p + 1 for p in step.positions])  # the sampled tokens' positions
+        if sampler is not None:
+            sampler.cpu_rows = rows  # the step's Dense Assists sample them on the GPU
+        try:
+            return self._step(step, rows, stopped)
+        finally:
+            if sampler is not None:
+                sampler.cpu_rows = None
+
+    def _step(self, step: CpuStep, rows, stopped: Callable[[], bool]
+              ) -> tuple[dict[int, int], float, float]:
         for conn in self.conns:
-            conn.send(("step", step))
+            conn.send(("step", step, rows))
         results = []
         for i, conn in enumerate(self.conns):
             while not conn.poll(0.05):

@@ -40,6 +40,7 @@ from . import attention as ref_attn
 from .kv import PagedKVPool, slot_mapping
 from .migrate import CopyGroup, CopyHandle, Migrator
 from .model import Model, greedy
+from .sampling import Sampler, perturb, sample
 from .tokens import TokenStore
 from .triton_decode import HAVE_TRITON
 
@@ -220,6 +221,7 @@ class GpuExecutor:
         self.swap_handle: CopyHandle | None = None
         self._pinned: dict[str, torch.Tensor] = {}
         self._assist_event = torch.cuda.Event() if self.cuda else None
+        self.sampler: Sampler | None = None  # the runtime's, for requests that sample
 
     # ================================================================== prepare
 
@@ -372,7 +374,25 @@ class GpuExecutor:
             self.copies = copies
         if handle is not None and self.cuda:
             self._hazards(f, handle, fw)
-        return fw
+        return fw if self.sampler is None else self._sampled(fw)
+
+    def _sampled(self, fw: Forward) -> Forward:
+        """The forward with its sampling requests' tokens drawn from its logits (the greedy
+        ones stay the argmax the stages took, in a CUDA graph or not)."""
+        def resample(tokens: dict[int, int]) -> None:
+            if not self.sampler.params:
+                return
+            ids = list(tokens)
+            rows = self.sampler.rows(ids, [len(self.tokens.ids(r)) for r in ids])
+            if rows is not None:
+                tokens.update(zip(ids, sample(fw.logits, rows), strict=True))
+
+        return fw.wrapped(lambda stage: stage, resample)
+
+    def _cpu_sampled(self, logits: torch.Tensor) -> torch.Tensor:
+        """A Dense Assist's post-layer logits, perturbed for the CPU step's sampling rows."""
+        rows = None if self.sampler is None else self.sampler.cpu_rows
+        return logits if rows is None else perturb(logits, rows)
 
     def _hazards(self, batch: _Flat, handle: CopyHandle, fw: Forward) -> None:
         """The compute stream waits on this round's swaps only where it touches their blocks."""
@@ -702,7 +722,8 @@ class GpuExecutor:
                           out: torch.Tensor | None = None) -> torch.Tensor:
         """Dense Assist g_lS (Split-Final): the post-layer of a CPU batch -> token ids (CPU)."""
         h = self._stage_in("residual", hidden_cpu)
-        return self._stage_out("tokens", greedy(self.model.post_layer(h)), out)
+        return self._stage_out("tokens", greedy(self._cpu_sampled(self.model.post_layer(h))),
+                               out)
 
     def assist_fused_final(self, layer: int, attn_out_cpu: torch.Tensor,
                            residual_cpu: torch.Tensor, out: torch.Tensor | None = None
@@ -711,7 +732,8 @@ class GpuExecutor:
         attn = self._stage_in("attn", self._own_heads(attn_out_cpu))
         res = self._stage_in("residual", residual_cpu)
         h = self._post_attn(layer, attn, res)
-        return self._stage_out("tokens", greedy(self.model.post_layer(h)), out)
+        return self._stage_out("tokens", greedy(self._cpu_sampled(self.model.post_layer(h))),
+                               out)
 
 
 def _causal_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

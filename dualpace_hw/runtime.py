@@ -55,6 +55,7 @@ from .gpu_ranks import LeadExecutor
 from .kv import PagedKVPool
 from .model import Model, ModelWeights
 from .processes import on_cores
+from .sampling import Sampler, SamplingParams
 from .tokens import TokenStore
 
 
@@ -223,6 +224,15 @@ class _Engines:
         self.stats = RunStats()
         self.journal = Journal()  # appended to under self.lock only
         self.trace: TraceRecorder | None = None  # the timeline, when asked for
+        self.block_size = block_size
+        # Serving (`accept_requests`): requests come from `submit_now` while the run lasts,
+        # and the run ends only when stopped, not when the requests so far are finished.
+        self.accepting = False
+        self.scheduled = len(self.requests)  # the scenario's arrivals (the load generator's)
+        self.warm_for: tuple[int, int] | None = None  # (rows, context) to warm up for, serving
+        self.started = threading.Event()  # the clock runs and `submit_now` may be called
+        self._submit = None  # the core's submit, once the run has started
+        self.sampler = Sampler()  # served requests that sample (the rest are greedy)
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -257,7 +267,7 @@ class _Engines:
             self.wake()
 
     def _arrivals(self, submit) -> None:
-        for r in self.requests:
+        for r in self.requests[: self.scheduled]:
             delay = r.arrival_s - self.now()
             if delay > 0 and self.stop.wait(delay):
                 return
@@ -267,6 +277,43 @@ class _Engines:
                 submit(r)
                 self.work.notify_all()
                 self.cpu_work.notify_all()
+
+    # --- requests arriving from a server (dualpace_hw.serving) --------------------------
+
+    def accept_requests(self, max_rows: int, max_context: int) -> None:
+        """Before `serve`: take requests from `submit_now` until `stop` is set, beside (or
+        instead of) the scenario's own arrivals; warm up for batches of up to `max_rows`
+        requests of up to `max_context` tokens (the scenario's workload cannot say)."""
+        self.accepting = True
+        self.warm_for = (max_rows, max_context)
+
+    def submit_now(self, prompt_ids: list[int], max_tokens: int,
+                   sampling: SamplingParams | None = None) -> Request:
+        """A request arriving now (any thread, once `started` is set): journaled and handed to
+        the core exactly as a load-generator arrival is. Its id is the next free one."""
+        if not self.started.is_set():
+            raise RuntimeError("the runtime has not started: call serve() first")
+        with self.work:
+            if self.stop.is_set():
+                raise RuntimeError("the runtime is stopping")
+            r = Request.create(len(self.requests), self.now(), len(prompt_ids), max_tokens,
+                               self.block_size)
+            self.tokens.add(r.req_id, prompt_ids)
+            if sampling is not None:
+                self.sampler.add(r.req_id, sampling)
+            self.requests.append(r)
+            self.record("load", "submit", req=r.req_id)
+            self._submit(r)
+            self.work.notify_all()
+            self.cpu_work.notify_all()
+        return r
+
+    def finish_early(self, r: Request) -> None:
+        """End a request after at most one more token (a stop string, EOS, a cancelled client):
+        its cap drops to the next token, so the core finishes it in its own apply, wherever it
+        is, with no other change to the round protocol."""
+        with self.lock:
+            r.max_tokens = max(1, min(r.max_tokens, r.generated + 1))
 
     def _dead_rank(self, wait_s: float = 0.0) -> str | None:
         """A GPU tensor-parallel rank that died, if any. A collective with a dead rank fails
@@ -311,17 +358,20 @@ class _Engines:
         threads.append(threading.Thread(target=self._guard, name="arrivals", daemon=True,
                                         args=("load generator", lambda: self._arrivals(submit))))
         # First-use compiles and graph captures, off the clock.
-        self.stats.warm_up_s, self.stats.graphs_warmed = self.gpu.warm_up(
+        self.stats.warm_up_s, self.stats.graphs_warmed = self.gpu.warm_up(*self.warm_for or (
             min(len(self.requests), self.gpu.pool.n_blocks),  # a decoding request holds a block
-            max((r.prompt_tokens + r.max_tokens for r in self.requests), default=0))
+            max((r.prompt_tokens + r.max_tokens for r in self.requests), default=0)))
         interval = sys.getswitchinterval()
         sys.setswitchinterval(0.0005)  # bound a GIL hand-off to 0.5 ms instead of 5 ms
         self.t0 = time.perf_counter()
+        self._submit = submit
+        self.started.set()
         for t in threads:
             t.start()
         try:
             while any(t.is_alive() for t in threads):
-                if len(finished()) == len(self.requests) or self.stop.is_set():
+                drained = not self.accepting and len(finished()) == len(self.requests)
+                if drained or self.stop.is_set():
                     self.stop.set()
                     self.wake()
                 if self._lost_rank(threads):
@@ -362,6 +412,7 @@ class DualPaceRuntime(_Engines):
         except BaseException:
             cpu_engine.close()
             raise
+        self.gpu.sampler = cpu_engine.sampler = self.sampler
 
     def serve(self) -> list[Request]:
         cores = self.cpu_engine.cores
@@ -375,6 +426,18 @@ class DualPaceRuntime(_Engines):
             self.stats.assist_service_s, self.stats.assist_gpu_s = ch.service_s, ch.gpu_s
             self.cpu_engine.close()
             self.close_gpu()
+
+    def queue_lengths(self) -> dict[str, int]:
+        """The core's queues (the caller holds the lock), for the server's /metrics."""
+        st = self.state
+        return {"gpu_waiting": len(st.gpu_waiting), "gpu_prefilling": len(st.gpu_prefilling),
+                "gpu_running": len(st.gpu_running), "cpu_waiting": len(st.cpu_waiting),
+                "cpu_running": len(st.cpu_running), "copy_group": len(st.copy_group)}
+
+    def pool_occupancy(self) -> dict[str, tuple[int, int]]:
+        """(used, capacity) blocks of each KV pool (the caller holds the lock)."""
+        st = self.state
+        return {"hbm": (st.hbm.used, st.hbm.capacity), "host": (st.host.used, st.host.capacity)}
 
     def _idle_wait(self) -> None:
         if self.channel.expecting:  # an assist may come any moment: poll the block a while
@@ -509,6 +572,7 @@ class VllmRuntime(_Engines):
         super().__init__(specs, config.block_size, gpu.shape.vocab_size)
         self.sched = VllmScheduler(config)
         self.gpu = gpu.build(self.tokens)
+        self.gpu.sampler = self.sampler
 
     def serve(self) -> list[Request]:
         try:
@@ -517,6 +581,14 @@ class VllmRuntime(_Engines):
                                 lambda: self.sched.finished)
         finally:
             self.close_gpu()
+
+    def queue_lengths(self) -> dict[str, int]:
+        """vLLM's queues (the caller holds the lock), for the server's /metrics."""
+        return {"waiting": len(self.sched.waiting), "running": len(self.sched.running)}
+
+    def pool_occupancy(self) -> dict[str, tuple[int, int]]:
+        """(used, capacity) blocks of its one KV pool (the caller holds the lock)."""
+        return {"hbm": (self.sched.hbm.used, self.sched.hbm.capacity)}
 
     def _loop(self) -> None:
         while not self.stop.is_set():

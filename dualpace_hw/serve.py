@@ -24,6 +24,7 @@ from dualpace_sim.scenario import LoadedScenario
 from dualpace_sim.trace_events import TraceRecorder, write_trace
 from dualpace_sim.validate import RUN_PROFILE
 
+from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .cpu_worker import CpuEngineProcess
 from .model import ModelWeights
 from .runtime import DualPaceRuntime, EngineFailure, GpuEngine, VllmRuntime
@@ -52,24 +53,67 @@ def sigterm_as_interrupt():
 
 def build_runtime(loaded: LoadedScenario, policy: str, device: str, cpu_cores: int | None,
                   seed: int = 0, cpu_tp: int = 1, dtype: torch.dtype = torch.bfloat16,
-                  gpu_tp: int = 1):
+                  gpu_tp: int = 1, checkpoint: Checkpoint | None = None, specs=None):
     """Models with identical weights on the GPU and the CPU, pools sized like the scenario's.
+    The weights are seeded random, or the `checkpoint`'s; the requests are the scenario's
+    workload, or `specs` (none: a server submits them).
     For DualPace this starts the CPU engine's process; the runtime stops it when it is done.
     With `gpu_tp` > 1 the GPU engine is that many ranks (one GPU each; processes on the CPU
     device, for tests), each holding its heads of the scenario's HBM pool.
     `dtype` is the weights' and the KV pools' (float32 lets tests compare tokens exactly)."""
     shape, config = loaded.profile.model, loaded.policy_config(policy)
+    if checkpoint is not None:
+        shape = checkpoint.shape
     if device.startswith("cuda") and gpu_tp > 1:
         device = "cuda:0"
-    weights = ModelWeights.random(shape, seed=seed, device=device, dtype=dtype)
+    if checkpoint is None:
+        weights = ModelWeights.random(shape, seed=seed, device=device, dtype=dtype)
+    else:
+        weights = checkpoint.weights(device, dtype)
+    specs = loaded.requests if specs is None else specs
     gpu = GpuEngine(shape, weights, config.gpu_kv_blocks, config.block_size, dtype, gpu_tp)
     if policy == "vllm":
-        return VllmRuntime(loaded.requests, config, gpu)
+        return VllmRuntime(specs, config, gpu)
     cores = list(range(cpu_cores)) if cpu_cores else None
     cpu_engine = CpuEngineProcess(weights, shape, config.host_kv_blocks, config.block_size,
                                   max_rows=config.largest_cpu_batch, cores=cores, tp=cpu_tp,
                                   dtype=dtype)
-    return DualPaceRuntime(loaded.requests, config, gpu, cpu_engine)
+    return DualPaceRuntime(specs, config, gpu, cpu_engine)
+
+
+def open_checkpoint(path: Path, loaded: LoadedScenario) -> Checkpoint:
+    """The checkpoint at `path`, refused (naming the flag and the fields) unless its shape is
+    the scenario's model: the profile's costs and pool sizes are for that model."""
+    try:
+        checkpoint = load_checkpoint(path)
+    except CheckpointError as e:
+        raise ValueError(f"--checkpoint {path}: {e}") from None
+    differ = checkpoint.matches(loaded.profile.model)
+    if differ:
+        raise ValueError(f"--checkpoint {path}: its config.json is not the model of "
+                         f"{loaded.path}'s profile ({'; '.join(differ)}); profile the checkpoint "
+                         f"(dualpace-hw profile --checkpoint {path}) or use a roofline with "
+                         f"model: {path / 'config.json'}")
+    return checkpoint
+
+
+def record_policy(out: Path, loaded: LoadedScenario, policy: str, runtime, requests,
+                  rate: float | None, **run) -> tuple[pd.DataFrame, dict]:
+    """A finished run of `policy`: its journal written, its records and its summary (`run`:
+    how it ran, e.g. device and tensor parallelism)."""
+    runtime.journal.write(out / JOURNAL_FILE.format(policy=policy))
+    if policy == "dualpace":  # each Dense Assist, for the Appendix B calibration
+        write_assist_calls(runtime.channel.records, out / ASSISTS_FILE.format(policy=policy))
+    frame = records_frame(requests, policy)
+    return frame, {"scenario": loaded.spec.name, "policy": policy, "rate": rate,
+                   **summarize(frame), "real": True, **run, "engine": asdict(runtime.stats)}
+
+
+def write_results(out: Path, frames: dict[str, pd.DataFrame], summaries: list[dict]) -> None:
+    """The records and summaries so far, each file replaced atomically (`dualpace_sim.outputs`):
+    an interruption while a later policy writes keeps the earlier ones'."""
+    write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet")
+    write_json(out / "summary.json", summaries)
 
 
 def check_split(shape: ModelShape, device: str, cpu_tp: int, gpu_tp: int) -> None:
@@ -95,7 +139,8 @@ def stop_reason(e: BaseException) -> str:
 
 def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
              cpu_cores: int | None = None, trace_events: Path | None = None,
-             cpu_tp: int = 1, gpu_tp: int = 1, policies: list[str] | None = None) -> list[dict]:
+             cpu_tp: int = 1, gpu_tp: int = 1, policies: list[str] | None = None,
+             checkpoint: Checkpoint | None = None) -> list[dict]:
     """Run every policy the runtime has for real, or those of `policies` in that order (the
     scenario's by default); write results after each one (and the timeline trace, one process
     per policy, when `trace_events` names a file). A policy stopped by SIGINT, SIGTERM or an
@@ -120,7 +165,8 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
         if policy not in REAL_POLICIES:
             print(f"{policy}: simulated only (the real runtime runs {', '.join(REAL_POLICIES)})")
             continue
-        runtime = build_runtime(loaded, policy, device, cpu_cores, cpu_tp=cpu_tp, gpu_tp=gpu_tp)
+        runtime = build_runtime(loaded, policy, device, cpu_cores, cpu_tp=cpu_tp, gpu_tp=gpu_tp,
+                                checkpoint=checkpoint)
         if policy == "dualpace":
             engine = runtime.cpu_engine
             ranks = f" ({engine.tp} tensor-parallel ranks: {engine.pids})" if engine.tp > 1 else ""
@@ -139,19 +185,12 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
                 runtime.serve()
         except (KeyboardInterrupt, EngineFailure) as e:
             stopped = e  # what ran is written below, then the stop goes on to the caller
-        runtime.journal.write(out / JOURNAL_FILE.format(policy=policy))
-        if policy == "dualpace":  # each Dense Assist, for the Appendix B calibration
-            write_assist_calls(runtime.channel.records, out / ASSISTS_FILE.format(policy=policy))
-        frame = records_frame(runtime.requests, policy)
-        frames[policy] = frame
-        summaries.append({
-            "scenario": loaded.spec.name, "policy": policy, "rate": loaded.spec.workload.rate,
-            **summarize(frame), "real": True, "device": device, "cpu_tp": cpu_tp, "gpu_tp": gpu_tp,
-            "engine": asdict(runtime.stats), "partial": stopped is not None,
-            **({"stopped_by": stop_reason(stopped)} if stopped is not None else {}),
-        })
-        write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet")
-        write_json(out / "summary.json", summaries)
+        frames[policy], summary = record_policy(
+            out, loaded, policy, runtime, runtime.requests, loaded.spec.workload.rate,
+            device=device, cpu_tp=cpu_tp, gpu_tp=gpu_tp, partial=stopped is not None,
+            **({"stopped_by": stop_reason(stopped)} if stopped is not None else {}))
+        summaries.append(summary)
+        write_results(out, frames, summaries)
         if trace_events is not None:
             write_trace(trace_events, traces)
         if stopped is not None:
@@ -159,3 +198,107 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
     if frames:
         plot_timeline(frames, out / "timeline")
     return summaries
+
+
+SERVED_ARRIVALS, SERVED_SCENARIO = "arrivals.csv", "served.yaml"
+
+
+def served_scenario(scenario: Path, out: Path, requests, policy: str) -> Path:
+    """`scenario` with the workload a server saw: every request's arrival, prompt length and
+    tokens generated (a Vidur-format trace beside it, replayed at its own timestamps), so
+    `dualpace-sim validate OUT/served.yaml --real OUT` compares the served run with the
+    simulator fed the same arrivals. Paths the scenario names are made absolute."""
+    import yaml
+
+    from dualpace_sim.workload.traces import VIDUR_ARRIVAL, VIDUR_OUTPUT, VIDUR_PROMPT
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows = sorted(requests, key=lambda r: r.req_id)
+    pd.DataFrame({VIDUR_ARRIVAL: [r.arrival_s for r in rows],
+                  VIDUR_PROMPT: [r.prompt_tokens for r in rows],
+                  VIDUR_OUTPUT: [r.max_tokens for r in rows]}).to_csv(out / SERVED_ARRIVALS,
+                                                                     index=False)
+    spec = yaml.safe_load(scenario.read_text())
+    base = scenario.resolve().parent
+
+    def absolute(value: str) -> str:
+        return str(base / value) if (base / value).exists() else value
+
+    if isinstance(spec.get("profile"), str):
+        spec["profile"] = absolute(spec["profile"])
+    for key in ("hardware", "model"):
+        if isinstance(spec.get("roofline", {}).get(key), str):
+            spec["roofline"][key] = absolute(spec["roofline"][key])
+    spec["policies"] = [policy]
+    spec["workload"] = {"source": "vidur", "path": SERVED_ARRIVALS, "arrival": "trace",
+                        "num_requests": len(rows)}
+    path = out / SERVED_SCENARIO
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a port that cannot be bound before the runtime starts (minutes on a big model)."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ValueError(f"--host {host} --port {port}: cannot listen there ({e.strerror}); "
+                             "choose another port") from None
+
+
+def serve_real(loaded: LoadedScenario, checkpoint_path: Path, out: Path, policy: str,
+               host: str, port: int, device: str = "cuda", cpu_cores: int | None = None,
+               cpu_tp: int = 1, dtype: torch.dtype = torch.bfloat16,
+               model_name: str | None = None, default_max_tokens: int = 256) -> dict | None:
+    """`dualpace-hw serve`: the runtime over the checkpoint, behind the OpenAI-compatible
+    HTTP server until SIGTERM; then the served run's results in `out` as `run` writes them,
+    with `served.yaml`, the scenario of the arrivals the server saw, for `validate`.
+    Returns the summary (None when no request came)."""
+    from .http_server import create_app, run_server
+    from .serving import EngineService
+
+    if policy not in REAL_POLICIES:
+        raise ValueError(f"--policy {policy}: the real runtime serves "
+                         f"{' or '.join(REAL_POLICIES)}")
+    if policy not in loaded.spec.policies:
+        raise ValueError(f"--policy {policy}: not in {loaded.path}'s policies "
+                         f"({', '.join(loaded.spec.policies)}); add it there")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("no CUDA device: run on a GPU box, or pass --device cpu (tests)")
+    check_split(loaded.profile.model, device, cpu_tp, 1)
+    checkpoint = open_checkpoint(checkpoint_path, loaded)
+    check_port(host, port)
+    config = loaded.policy_config(policy)
+    pool = config.gpu_kv_blocks if policy == "vllm" else config.host_kv_blocks
+    max_context = pool * config.block_size  # a request's finish-peak must fit that pool
+    out.mkdir(parents=True, exist_ok=True)
+    loaded.profile.save(out / RUN_PROFILE)
+    runtime = build_runtime(loaded, policy, device, cpu_cores, cpu_tp=cpu_tp, dtype=dtype,
+                            checkpoint=checkpoint, specs=[])
+    svc = EngineService(runtime, checkpoint.tokenizer, checkpoint.eos_ids,
+                        min(config.gpu_kv_blocks, 256), max_context)
+    svc.start()
+    name = model_name or checkpoint.path.name
+    engine = f" (CPU engine process {runtime.cpu_engine.pid})" if policy == "dualpace" else ""
+    print(f"serving {name} with {policy}{engine} on http://{host}:{port}/v1", flush=True)
+    try:
+        run_server(svc, create_app(svc, name, max_context, checkpoint.shape.vocab_size,
+                                        default_max_tokens), host, port)
+    finally:
+        requests = svc.close()
+    if svc.failure is not None:
+        raise svc.failure
+    if not requests:
+        print("no requests were served: nothing written but the profile", flush=True)
+        return None
+    frame, summary = record_policy(out, loaded, policy, runtime, requests, None, device=device,
+                                   cpu_tp=cpu_tp, gpu_tp=1, served=True,
+                                   finished=dict(svc.finished))
+    write_results(out, {policy: frame}, [summary])
+    served_scenario(loaded.path, out, requests, policy)
+    plot_timeline({policy: frame}, out / "timeline")
+    return summary

@@ -200,6 +200,10 @@ class ModelShape:
         model_type = str(cfg.get("model_type", ""))
         n_heads = int(cfg["num_attention_heads"])
         dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+        # transformers >= 5 writes rope_theta and the scaling together as rope_parameters.
+        rope = cfg.get("rope_parameters") or {}
+        scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default")
+                                              != "default" else None)
         return cls(
             name=name or cfg.get("_name_or_path") or default_name or model_type or "hf-model",
             n_layers=int(cfg["num_hidden_layers"]),
@@ -213,8 +217,8 @@ class ModelShape:
             dtype_bytes=_DTYPE_BYTES.get(dtype, 2),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            **_rope_scaling(cfg.get("rope_scaling")),
+            rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
+            **_rope_scaling(scaling),
         )
 
 

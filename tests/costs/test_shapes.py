@@ -131,3 +131,18 @@ def test_inactive_sliding_window_and_empty_fields_are_dense():
                   {"sliding_window": None}, {"quantization_config": None},
                   {"num_local_experts": 1}):
         assert ModelShape.from_hf_config({**DENSE, **extra}, name="m").n_layers == 32
+
+
+def test_hf_config_reads_transformers_5_rope_parameters():
+    """transformers >= 5 saves rope_theta and the scaling as one rope_parameters entry."""
+    cfg = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+           "vocab_size": 128256, "rms_norm_eps": 1e-05,
+           "rope_parameters": {"rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "rope_type": "llama3",
+                               "original_max_position_embeddings": 8192}}
+    assert ModelShape.from_hf_config(cfg, name="llama-3.1-8b") == \
+        ModelShape.from_name("llama-3.1-8b")
+    cfg["rope_parameters"] = {"rope_theta": 1000000.0, "rope_type": "default"}
+    shape = ModelShape.from_hf_config(cfg)
+    assert shape.rope_theta == 1e6 and shape.rope_scaling_factor is None

@@ -35,22 +35,13 @@ from dualpace_sim.scenario import load_scenario
 from dualpace_sim.validate import RUN_PROFILE
 
 from .reference import dense_logits
+from .scenarios import tiny_scenario
 
 
 def scenario(tmp_path, policies, **scheduler) -> object:
-    path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "real-tiny",
-        "roofline": {"hardware": "rtx4090-xeon4510-12c", "model": "tiny-llama"},
-        "policies": policies,
-        "vllm": {"max_num_batched_tokens": 64, "max_num_seqs": 8},
-        # tiny pools: HBM for a few requests, so prompts go Prefill-to-CPU and decodes migrate
-        "scheduler": {"gpu_kv_blocks": 10, "host_kv_blocks": 400, "gpu_token_limit": 16,
-                      "cpu_batch_limit": 4, **scheduler},
-        "workload": {"source": "default", "num_requests": 10, "rate": 5000.0, "seed": 2,
-                     "max_prompt_tokens": 40, "max_output_tokens": 24},
-    }))
-    return path
+    return tiny_scenario(tmp_path / "s.yaml", "tiny-llama", policies, "real-tiny",
+                         {"num_requests": 10, "rate": 5000.0, "seed": 2,
+                          "max_prompt_tokens": 40, "max_output_tokens": 24}, **scheduler)
 
 
 def reference_tokens(model: Model, prompt: list[int], n: int) -> list[int]:
