@@ -51,7 +51,14 @@ class Server:
              "--device", "cpu", "--dtype", "float32"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.scenario = scenario
-        self.banner = self.proc.stdout.readline()  # printed once the runtime takes requests
+        # Notices (a logged fallback, say) may come first; the banner is printed once the
+        # runtime takes requests, and an exited server ends the output.
+        self.banner = ""
+        while not self.banner.startswith("serving "):
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.banner = line if line.startswith("serving ") else self.banner + line
         match = re.search(r"CPU engine process (\d+)", self.banner)
         self.cpu_pid = int(match.group(1)) if match else None
         deadline = time.monotonic() + STARTUP_S
