@@ -6,7 +6,8 @@ this module's decode path is their reference. Prefill attention on CUDA is Flash
 varlen kernel (PyTorch's own, `aten._flash_attention_forward`): GQA natively and causal
 aligned to the end of the key range, which is what a chunk at an offset into its prompt needs.
 Masked SDPA, which it replaced, took SDPA's math path for the stacked GQA heads and ran 24-151x
-the roofline on the H200 (docs/h200-measured-vs-roofline.md); it stays the path off CUDA.
+the roofline on the H200 (docs/h200-measured-vs-roofline.md); it stays the path off CUDA. The
+same kernel serves a Prefill-to-CPU chunk, whose prefix is staged on the GPU rather than paged.
 """
 
 from __future__ import annotations
@@ -49,6 +50,18 @@ def paged_decode_attention(
     return out
 
 
+def gather_tokens(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One request's first `length` tokens as K, V [length, kv_heads, hd] (token-major, the
+    layout the flash kernel reads)."""
+    ids = block_table[: -(-length // k_cache.shape[2])]
+    # [n, kvh, bs, hd] -> [n * bs, kvh, hd]: the pages in token order
+    k = k_cache[ids].transpose(1, 2).reshape(-1, k_cache.shape[1], k_cache.shape[3])[:length]
+    v = v_cache[ids].transpose(1, 2).reshape(-1, v_cache.shape[1], v_cache.shape[3])[:length]
+    return k, v
+
+
 def prefill_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -59,32 +72,9 @@ def prefill_attention(
     """A prompt chunk of C tokens at positions start .. start+C-1 attending causally to the
     whole prefix, whose K/V (this chunk's included) are already in the pages.
 
-    q: [C, n_heads, hd] -> [C, n_heads, hd]. Flash varlen on CUDA (bf16/fp16), masked SDPA
-    elsewhere.
+    q: [C, n_heads, hd] -> [C, n_heads, hd].
     """
-    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-        return flash_prefill_attention(q, k_cache, v_cache, block_table, start)
-    return masked_prefill_attention(q, k_cache, v_cache, block_table, start)
-
-
-def flash_prefill_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    start: int,
-) -> torch.Tensor:
-    """`prefill_attention` through FlashAttention-2's varlen kernel: the prefix's pages gathered
-    once into [tokens, kv_heads, hd], one sequence, causal from the bottom right."""
-    chunk, length, bs = q.shape[0], start + q.shape[0], k_cache.shape[2]
-    ids = block_table[: -(-length // bs)]
-    # [n, kvh, bs, hd] -> [n * bs, kvh, hd]: the pages in token order
-    k = k_cache[ids].transpose(1, 2).reshape(-1, k_cache.shape[1], k_cache.shape[3])[:length]
-    v = v_cache[ids].transpose(1, 2).reshape(-1, v_cache.shape[1], v_cache.shape[3])[:length]
-    cu = torch.tensor([[0, chunk], [0, length]], dtype=torch.int32, device=q.device)
-    out = torch.ops.aten._flash_attention_forward(
-        q.contiguous(), k, v, cu[0], cu[1], chunk, length, 0.0, True, False)[0]
-    return out
+    return prefix_attention(q, *gather_tokens(k_cache, v_cache, block_table, start + q.shape[0]))
 
 
 def masked_prefill_attention(
@@ -94,15 +84,39 @@ def masked_prefill_attention(
     block_table: torch.Tensor,
     start: int,
 ) -> torch.Tensor:
-    """`prefill_attention` as SDPA over the gathered prefix with an explicit causal mask, the
-    query heads of each KV group stacked (any device, any dtype)."""
-    chunk = q.shape[0]
-    length = start + chunk
-    k, v = gather_kv(k_cache, v_cache, block_table, length)
-    kv_heads = k.shape[0]
-    group = q.shape[1] // kv_heads
+    """`prefill_attention` through masked SDPA on any device (the path flash replaced on
+    CUDA, kept for the benchmark's before/after)."""
+    k, v = gather_tokens(k_cache, v_cache, block_table, start + q.shape[0])
+    return masked_prefix_attention(q, k, v)
+
+
+def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q [C, n_heads, hd], the last C positions of k, v [L, kv_heads, hd], causal: flash
+    varlen on CUDA (bf16/fp16), masked SDPA elsewhere. Both prefill paths use it: a chunk
+    over the GPU pages, and a Prefill-to-CPU chunk over its GPU staging."""
+    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+        return flash_prefix_attention(q, k, v)
+    return masked_prefix_attention(q, k, v)
+
+
+def flash_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """`prefix_attention` through FlashAttention-2's varlen kernel: one sequence, GQA natively,
+    causal from the bottom right (the chunk is the end of the key range)."""
+    chunk, length = q.shape[0], k.shape[0]
+    cu = torch.tensor([[0, chunk], [0, length]], dtype=torch.int32, device=q.device)
+    return torch.ops.aten._flash_attention_forward(
+        q.contiguous(), k.contiguous(), v.contiguous(), cu[0], cu[1], chunk, length, 0.0, True,
+        False)[0]
+
+
+def masked_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """`prefix_attention` as SDPA with an explicit causal mask, the query heads of each KV
+    group stacked (any device, any dtype)."""
+    chunk, n_heads = q.shape[0], q.shape[1]
+    length, kv_heads = k.shape[0], k.shape[1]
+    group = n_heads // kv_heads
     qh = q.permute(1, 0, 2).reshape(kv_heads, group * chunk, -1)  # heads of a group stacked
-    pos_q = torch.arange(start, length, device=q.device).repeat(group)
+    pos_q = torch.arange(length - chunk, length, device=q.device).repeat(group)
     mask = pos_q[:, None] >= torch.arange(length, device=q.device)[None, :]
-    o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask)
-    return o.view(kv_heads, group, chunk, -1).permute(2, 0, 1, 3).reshape(chunk, q.shape[1], -1)
+    o = F.scaled_dot_product_attention(qh, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
+    return o.view(kv_heads, group, chunk, -1).permute(2, 0, 1, 3).reshape(chunk, n_heads, -1)

@@ -593,30 +593,29 @@ class GpuExecutor:
         """Attention of a Prefill-to-CPU chunk over GPU staging, and its pages to the host."""
         bs = self.pool.block_size
         kvh, hd = self.shape.n_kv_heads, self.shape.head_dim
-        kt, vt = k.transpose(0, 1), v.transpose(0, 1)  # [kvh, C, hd]
         if layer == 0:
             earlier = self._req_copies.pop(c.req_id, None)
             if earlier is not None and self.cuda:
                 earlier.block()  # the previous chunk's pages must have landed (GPU-side wait)
             self._req_copies[c.req_id] = CopyGroup()
-        if c.start:
+        if c.start:  # the prompt's earlier chunks, back from the host: [start, kvh, hd]
             n_prev = -(-c.start // bs)
             kp, vp = self._gather_host_layer(layer, c.blocks[:n_prev])  # [n, kvh, bs, hd]
-            kp = kp.permute(1, 0, 2, 3).reshape(kvh, -1, hd)[:, : c.start].to(k.dtype)
-            vp = vp.permute(1, 0, 2, 3).reshape(kvh, -1, hd)[:, : c.start].to(v.dtype)
-            kf, vf = torch.cat([kp, kt], 1), torch.cat([vp, vt], 1)
+            kp = kp.transpose(1, 2).reshape(-1, kvh, hd)[: c.start].to(k.dtype)
+            vp = vp.transpose(1, 2).reshape(-1, kvh, hd)[: c.start].to(v.dtype)
+            kf, vf = torch.cat([kp, k]), torch.cat([vp, v])
         else:
-            kf, vf = kt, vt
-        out = _causal_prefix_attention(q, kf, vf, c.start)
+            kf, vf = k, v
+        out = ref_attn.prefix_attention(q, kf, vf)
         # whole pages from the first page this chunk touches to its last one, K and V stacked
         # and put in host-id order for few large DMAs
         first, last = c.start // bs, (c.start + c.n - 1) // bs
         lo, hi = first * bs, (last + 1) * bs
-        kv = torch.stack([kf[:, lo:], vf[:, lo:]])  # [2, kvh, tokens, hd]
+        kv = torch.stack([kf[lo:], vf[lo:]])  # [2, tokens, kvh, hd]
         pad = hi - (c.start + c.n)
         if pad:
-            kv = F.pad(kv, (0, 0, 0, pad))
-        kv = kv.view(2, kvh, last + 1 - first, bs, hd).transpose(1, 2)
+            kv = F.pad(kv, (0, 0, 0, 0, 0, pad))
+        kv = kv.view(2, last + 1 - first, bs, kvh, hd).transpose(2, 3)  # [2, n, kvh, bs, hd]
         plan = self.migrator.page_plan(c.blocks[first:last + 1])
         kv = self.migrator.sort_pages(plan, kv.to(self.host_pool.data.dtype), dim=1)
         handle = self.migrator.copy_layer_pages_to_host(layer, kv, plan)
@@ -734,28 +733,6 @@ class GpuExecutor:
         h = self._post_attn(layer, attn, res)
         return self._stage_out("tokens", greedy(self._cpu_sampled(self.model.post_layer(h))),
                                out)
-
-
-def _causal_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                             start: int) -> torch.Tensor:
-    """q [C, heads, hd] at positions start.. over k, v [kv_heads, start + C, hd] (causal)."""
-    chunk, n_heads, _ = q.shape
-    kv_heads, length = k.shape[0], k.shape[1]
-    group = n_heads // kv_heads
-    qh = q.permute(1, 0, 2).reshape(kv_heads, group * chunk, -1)
-    if start == 0:
-        mask = None
-        causal = True
-        if group > 1:  # stacked heads break the plain causal layout: mask explicitly
-            pos_q = torch.arange(chunk, device=q.device).repeat(group)
-            mask = pos_q[:, None] >= torch.arange(length, device=q.device)[None, :]
-            causal = False
-    else:
-        pos_q = torch.arange(start, start + chunk, device=q.device).repeat(group)
-        mask = pos_q[:, None] >= torch.arange(length, device=q.device)[None, :]
-        causal = False
-    o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, is_causal=causal)
-    return o.view(kv_heads, group, chunk, -1).permute(2, 0, 1, 3).reshape(chunk, n_heads, -1)
 
 
 class _DecodeGraph:
