@@ -53,10 +53,14 @@ def profile(
     gpu_device: Annotated[str, typer.Option(
         "--device", "--gpu-device", help="the GPU path's device: 'cuda', or 'cpu' for tests "
                                          "(--gpu-device is the older name)")] = "cuda",
+    calibration: Annotated[bool, typer.Option(
+        help="after the tables, serve a short DualPace workload and take Dense Assist's q_x, "
+             "o_x from it (paper Appendix B); --no-calibration keeps the handshake's")] = True,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
 ) -> None:
     """Measure every table of a calibration profile with the runtime's executors, write it with
-    provenance, then fit its controls and plot them. Interrupted runs resume."""
+    provenance, serve the Appendix B calibration workload, then fit its controls and plot them.
+    Interrupted runs resume."""
     from dualpace_sim.costs.shapes import ModelShape
 
     from .arguments import (
@@ -93,7 +97,7 @@ def profile(
             _fail(f"--model {model}: {e}")
     opt = Options(shape=shape, out=out, box_name=box, quick=quick, gpu_device=gpu_device,
                   cpu_cores=cpu_cores, cpu_tp=cpu_tp, gpu_tp=gpu_tp, gpu_kv_gib=gpu_kv_gib,
-                  host_kv_gib=host_kv_gib,
+                  host_kv_gib=host_kv_gib, calibration=calibration,
                   command=_command_line(locals()), progress=not quiet)
     try:
         result = run_profile(opt)
@@ -266,7 +270,8 @@ def _command_line(params: dict) -> str:
                  "host_kv_gib", "gpu_device"):
         if params[name] is not None:
             words += [flags.get(name, f"--{name.replace('_', '-')}"), str(params[name])]
-    return shlex.join(words + (["--quick"] if params["quick"] else []))
+    return shlex.join(words + (["--quick"] if params["quick"] else [])
+                      + ([] if params["calibration"] else ["--no-calibration"]))
 
 
 def main() -> None:

@@ -15,15 +15,18 @@ from pathlib import Path
 
 import torch
 
-from dualpace_sim.costs.fit import fit_controls, with_controls
+from dualpace_sim.costs.calibrate import CalibrationError
+from dualpace_sim.costs.fit import FitResult, fit_controls, with_controls
 from dualpace_sim.costs.profile import Profile
 from dualpace_sim.costs.shapes import ModelShape
 from dualpace_sim.progress import progress_bar
+from dualpace_sim.scenario import ScenarioError
 
 from .. import hostinfo as box
 from ..cpu_worker import ASSIST_KINDS
 from ..processes import on_cores
 from ..tp import shard_shape
+from .calibration import CalibrationWorkload, calibrated, serve_passes
 from .grids import Grids
 from .handshake import Handshake, measure_handshake
 from .load import cpu_engine_load
@@ -58,6 +61,7 @@ class Options:
     seed: int = 0
     command: str = ""
     progress: bool = True
+    calibration: bool = True  # serve the Appendix B calibration workload (calibration.py)
 
 
 def _device(name: str) -> torch.device:
@@ -266,6 +270,8 @@ def run_profile(opt: Options) -> Profile:
     result = fit_controls(profile)
     fitted = with_controls(profile, result)
     fitted.save(opt.out)
+    if opt.calibration:
+        fitted, result = _calibrate(opt, fitted, result, threads)
     try:
         from dualpace_sim.fit_plots import plot_fit
 
@@ -274,6 +280,32 @@ def run_profile(opt: Options) -> Profile:
         print(f"note: fit plots skipped ({e})")
     ckpt.path.unlink(missing_ok=True)
     return fitted
+
+
+def _calibrate(opt: Options, fitted: Profile, before: FitResult, threads: int
+               ) -> tuple[Profile, FitResult]:
+    """Serve the calibration workload, take q_x and o_x from its assists, refit the controls
+    with them and save the profile (calibration.py)."""
+    work = CalibrationWorkload.quick() if opt.quick else CalibrationWorkload.full()
+    try:
+        runs = serve_passes(fitted, opt.out, work, opt.gpu_device, threads, opt.cpu_tp,
+                            opt.gpu_tp)
+        profile = calibrated(fitted, runs, opt.out, work)
+    except (ScenarioError, CalibrationError) as e:
+        raise ProfileRunError(f"the Appendix B calibration: {e}; the tables are in {opt.out} "
+                              "(rerun to retry, or pass --no-calibration)") from None
+    result = fit_controls(profile)
+    notes = (f"{profile.provenance.notes} q_x, o_x then replaced by Appendix B's end-to-end "
+             f"calibration (assist.calibration): the runtime served {work.describe()}, once "
+             "with every CPU step Fused-Assist and once Split-Final; the controls were fitted "
+             "with the calibrated q_x, o_x.")
+    profile = profile.model_copy(update={
+        "provenance": profile.provenance.model_copy(update={"notes": notes})})
+    fitted = with_controls(profile, result)
+    fitted.save(opt.out)
+    print(f"calibration: routes (P, F) = ({before.route_p}, {before.route_f}) with the "
+          f"handshake's q, o; ({result.route_p}, {result.route_f}) calibrated", flush=True)
+    return fitted, result
 
 
 def _handshake(opt: Options, m: Measurer, grids: Grids, protocol: Protocol, values: dict,

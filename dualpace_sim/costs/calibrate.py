@@ -129,7 +129,7 @@ def calibrate(calls: Iterable[AssistCall], batch_sizes: Sequence[int]) -> Calibr
 
 
 def with_calibration(profile: Profile, cal: Calibration, runs: Sequence[str],
-                     date: str | None = None) -> Profile:
+                     date: str | None = None, workload: str | None = None) -> Profile:
     """A copy of `profile` whose assist q and o are the calibration's for the paths it has
     (the others keep the handshake's values), with the calibration recorded beside them."""
     if not cal.q:
@@ -139,6 +139,7 @@ def with_calibration(profile: Profile, cal: Calibration, runs: Sequence[str],
     q = PerAssistPath(**{x: cal.q.get(x, getattr(a.q, x)) for x in PATHS})
     o = PerAssistPath(**{x: cal.o.get(x, getattr(a.o, x)) for x in PATHS})
     record = AssistCalibration(runs=list(runs), date=date or dt.date.today().isoformat(),
-                               groups=cal.groups, kept=[x for x in PATHS if x not in cal.q])
+                               groups=cal.groups, kept=[x for x in PATHS if x not in cal.q],
+                               workload=workload)
     assist = a.model_copy(update={"q": q, "o": o, "calibration": record})
     return profile.model_copy(update={"assist": assist})

@@ -249,6 +249,8 @@ class AssistCalibration(StrictModel):
     kept: list[Literal["p", "lA", "lS"]] = Field(
         default_factory=list,
         description="paths no run exercised: their q and o are the handshake microbenchmark's")
+    workload: str | None = Field(
+        None, description="what the runs served, when `dualpace-hw profile` served them itself")
 
 
 class AssistCosts(StrictModel):

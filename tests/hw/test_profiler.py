@@ -62,6 +62,25 @@ def test_quick_profile_has_provenance_fits_and_plots(quick_profile):
     assert "shared control block" in prov.notes
     assert min(profile.assist.q.p, profile.assist.q.lA, profile.assist.q.lS) > 0
     check_magnitudes(profile, str(out))
+    # Appendix B: q and o replaced by the calibration workload's, which the profiler served
+    cal = profile.assist.calibration
+    assert cal is not None and cal.kept == [] and "Azure-Conversation" in cal.workload
+    assert cal.runs == ["tiny-llama-calibration/fused-assist/run",
+                        "tiny-llama-calibration/split-final/run"]
+    assert all((out.parent / r / "assists-dualpace.csv").is_file() for r in cal.runs)
+    assert "Appendix B's end-to-end calibration" in prov.notes
+    assert "calibration: routes (P, F) = " in output
+
+
+def test_no_calibration_keeps_the_handshakes_q_and_o(tmp_path):
+    out = tmp_path / "p.yaml"
+    result = CliRunner().invoke(hw_app, [
+        "profile", "--model", "tiny-llama", "--out", str(out), "--quick", "--device", "cpu",
+        "--cpu-cores", "2", "--no-calibration", "--quiet"])
+    assert result.exit_code == 0, result.output
+    profile = load_profile(out)
+    assert profile.assist.calibration is None and not (tmp_path / "p-calibration").exists()
+    assert profile.provenance.command.endswith("--no-calibration")
 
 
 def test_the_cpu_engine_load_runs_on_its_cores_until_the_block_ends():
@@ -117,7 +136,7 @@ def test_an_interrupted_profile_resumes_from_its_checkpoint(tmp_path, monkeypatc
 
     monkeypatch.setattr(Measurer, "cpu_decode_attn", flaky)
     opt = profile_run.Options(shape=load_profile_shape(), out=out, box_name="b", quick=True,
-                              gpu_device="cpu", progress=False)
+                              gpu_device="cpu", progress=False, calibration=False)
     with pytest.raises(KeyboardInterrupt):
         profile_run.run_profile(opt)
     saved = json.loads(out.with_suffix(".partial.json").read_text())["points"]
@@ -163,7 +182,7 @@ def test_cpu_tensor_parallel_profile_times_the_sharded_stages_on_the_ranks(tmp_p
     out = tmp_path / "tiny-llama-tp2.yaml"
     result = CliRunner().invoke(hw_app, [
         "profile", "--model", "tiny-llama", "--out", str(out), "--quick", "--gpu-device", "cpu",
-        "--box", "ci-box", "--cpu-cores", "2", "--cpu-tp", "2", "--quiet"])
+        "--box", "ci-box", "--cpu-cores", "2", "--cpu-tp", "2", "--no-calibration", "--quiet"])
     assert result.exit_code == 0, result.output
     profile = load_profile(out)
     assert profile.box.cpu_tensor_parallel == 2 and "--cpu-tp 2" in profile.provenance.command
@@ -200,7 +219,8 @@ def test_gpu_tensor_parallel_profile_times_every_gpu_measurement_on_the_ranks(tm
     out = tmp_path / "tiny-llama-gtp2.yaml"
     result = CliRunner().invoke(hw_app, [
         "profile", "--model", "tiny-llama", "--out", str(out), "--quick", "--gpu-device", "cpu",
-        "--box", "ci-box", "--cpu-cores", "2", "--cpu-tp", "2", "--gpu-tp", "2", "--quiet"])
+        "--box", "ci-box", "--cpu-cores", "2", "--cpu-tp", "2", "--gpu-tp", "2",
+        "--no-calibration", "--quiet"])
     assert result.exit_code == 0, result.output
     profile = load_profile(out)
     assert profile.box.gpu_count == profile.box.tensor_parallel == 2
@@ -402,7 +422,7 @@ def test_the_eager_floors_are_the_median_of_the_start_middle_and_end_of_the_run(
     out = tmp_path / "p.yaml"
     profile_run.run_profile(profile_run.Options(
         shape=load_profile_shape(), out=out, box_name="b", quick=True, gpu_device="cpu",
-        progress=False))
+        progress=False, calibration=False))
     profile = load_profile(out)
     assert profile.gpu.eager_layer_s == 2e-3 and profile.gpu.eager_layer_beside_cpu_s == 5e-3
     assert "eager 3.000, 1.000, 2.000 ms; beside 6.000, 4.000, 5.000 ms" in \
