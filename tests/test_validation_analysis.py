@@ -55,6 +55,12 @@ def test_gpu_round_classes_are_the_documented_ones(azure_dir):
                  "docs/validation/h200x2/r4/real", "--costs",
                  "calibration/h200x2-xeon32/qwen3-14b.yaml", env=env)
     assert re.search(r"-  vllm +decode only +2086 +16\.53 +16\.17 +1\.02", costed)
+    # the CPU-busy run: DualPace's slow prefill rounds are the Prefill-to-CPU ones
+    busy = run("gpu_round_classes.py", "--scenario",
+               "scenarios/h200/cpu-busy/llama-3.1-8b-r3.yaml", "--real",
+               "docs/validation/cpu-busy/r3/real", env=env)
+    assert re.search(r"-  dualpace >= 1,024, to CPU +50 +5\.45 +2\.09 +2\.50", busy)
+    assert re.search(r"-  dualpace >= 1,024, GPU only +26 +1\.23 +1\.07 +1\.13", busy)
 
 
 def test_cpu_step_figures_are_the_documented_ones(azure_dir):
@@ -73,3 +79,15 @@ def test_assist_costs_are_the_documented_ones(azure_dir, tmp_path):
     assert "(served CUDA / g = 1.60)" in out
     assert "q = o + wait = 0.440 ms, o = 0.205 ms, g x 1.60" in out
     assert (tmp_path / "served.yaml").exists()
+
+
+def test_engine_interference_is_the_documented_one(azure_dir):
+    out = run("engine_interference.py", "--scenario",
+              "scenarios/h200/cpu-busy/llama-3.1-8b-r3.yaml", "--real",
+              "docs/validation/cpu-busy/r3/real", env={"DUALPACE_AZURE_DIR": str(azure_dir)})
+    assert re.search(r"r3 GPU rounds CPU engine idle  : n= +2942 .* median real/model 0\.975",
+                     out)
+    assert re.search(r"r3 GPU rounds beside a CPU step: n= +10904 .* median real/model 1\.149",
+                     out)
+    assert ("r3 excess beside a CPU step 10.89 s; the run's 17536 assists were served in "
+            "12.94 s: within what the assists cost") in out

@@ -1,6 +1,7 @@
 """Real GPU rounds against the cost model, by class: decode only (CUDA graphs), and rounds with
 prefill (eager) of fewer than 256, 256 to 1,023 and at least 1,024 tokens. For each class and
-policy: rounds, real and modelled totals, and the median of real / model.
+policy: rounds, real and modelled totals, and the median of real / model. DualPace's two larger
+prefill classes are shown again split by whether the round holds a Prefill-to-CPU chunk.
 
     DUALPACE_AZURE_DIR=... python docs/validation/analysis/gpu_round_classes.py 4 8 12
     DUALPACE_AZURE_DIR=... python docs/validation/analysis/gpu_round_classes.py \
@@ -40,7 +41,12 @@ def main() -> None:
             by: dict[str, list[GpuRound]] = {c: [] for c in CLASSES}
             for r in gpu_rounds(scenario, real, policy, args.costs):
                 by[round_class(r)].append(r)
-            for c, rs in by.items():
+            rows = [(c, rs) for c, rs in by.items()]
+            if policy == "dualpace":  # the prefill classes again, split by Prefill-to-CPU
+                rows += [(f"{c[9:]}, {'to CPU' if to_cpu else 'GPU only'}",
+                          [r for r in by[c] if bool(r.to_cpu_tokens) == to_cpu])
+                         for c in CLASSES[2:] for to_cpu in (True, False)]
+            for c, rs in rows:
                 if rs:
                     ratio = statistics.median(r.real_s / r.model_s for r in rs)
                     print(f"{rate:>4}  {policy:9}{c:23}{len(rs):>6}"

@@ -30,6 +30,7 @@ class GpuRound:
     layer_s: float  # the model's one layer
     n_layers: int
     cpu_step_in_flight: bool  # DualPace: a CPU step was scheduled and not yet applied
+    to_cpu_tokens: int = 0  # of its prefill tokens, those of Prefill-to-CPU chunks
 
     @property
     def model_s(self) -> float:
@@ -123,9 +124,11 @@ def gpu_rounds(scenario: str, real: str, policy: str, costs: str | None = None
                                        plan.decode_context, beside_cpu=policy == "dualpace")
                 fixed = (cost.gpu_pre_layer(plan.n_tokens) + cost.gpu_post_layer(plan.n_sampled)
                          + cost.gpu_round_overhead(len(plan.prefills) + len(plan.decodes)))
-                pending = (e.t, plan.n_tokens, bool(plan.prefills), fixed, layer, cpu_step)
+                to_cpu = sum(c.tokens for c in plan.prefills if c.to_cpu)
+                pending = (e.t, plan.n_tokens, bool(plan.prefills), fixed, layer, cpu_step,
+                           to_cpu)
         elif e.engine == "gpu" and e.call == "apply" and pending is not None:
-            start, tokens, prefill, fixed, layer, busy = pending
+            start, tokens, prefill, fixed, layer, busy, to_cpu = pending
             yield GpuRound(index, tokens, prefill, e.t - start, fixed, layer, cost.n_layers,
-                           busy)
+                           busy, to_cpu)
             index, pending = index + 1, None
