@@ -45,9 +45,11 @@ class Grids:
 
     @classmethod
     def quick(cls) -> Grids:
-        # Just enough points for the fits (K = 5 token counts for the plateau).
+        # Just enough points for the fits (K = 5 token counts for the plateau). The per-request
+        # cap is 1,024 so that the longest contexts extend a slope read over 512 tokens (over
+        # 32, a little timing noise became seconds at 65,536 tokens).
         return cls(
             gpu_tokens=pow2(1, 512), gpu_rows=[1, 8], prefill_chunks=[4, 64, 512],
             prefill_contexts=[16, 512], decode_batches=[1, 4, 16], decode_totals=[16, 1024, 65536],
-            max_request_context=64, cpu_batches=[1, 4, 16],
+            max_request_context=1024, cpu_batches=[1, 4, 16],
         )

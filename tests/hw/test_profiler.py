@@ -528,3 +528,22 @@ def test_run_and_profile_name_the_device_alike(command):
     result = CliRunner().invoke(hw_app, [command, "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
     assert "--device" in result.output and "--gpu-device" in result.output
+
+
+def test_the_quick_protocol_keeps_the_fastest_repeat_and_the_full_one_the_mean():
+    """One descheduling must not make a quick (tiny, microsecond) point 30x too slow; the
+    paper's protocol averages its repeats."""
+    from dualpace_hw.profiler.timing import Protocol, Timer
+
+    def timed(protocol: Protocol) -> float:
+        calls = {"n": 0}
+
+        def fn() -> None:  # the first timed repeat stalls once, as a descheduled process does
+            calls["n"] += 1
+            if calls["n"] == protocol.warmups + 2:
+                time.sleep(0.05)
+
+        return Timer(torch.device("cpu"), protocol)(fn)
+
+    assert timed(Protocol.quick()) < 0.005
+    assert timed(Protocol(warmups=1, invocations=1, repeats=2, max_repeat_s=1e-9)) > 0.02
