@@ -280,12 +280,12 @@ def main() -> None:
     except ImportError:
         sys.stderr.write("dualpace-hw needs the hw extra: pip install -e \".[hw]\"\n")
         sys.exit(2)
-    from dualpace_sim.cli import cost_warnings_as_notes, interrupt_on_termination
+    from dualpace_sim.cli import cost_warnings_as_notes, interrupt_on_termination, run_app
 
     cost_warnings_as_notes()
     interrupt_on_termination()
     try:
-        app()
+        run_app(app, "dualpace-hw")
     except KeyboardInterrupt:
         sys.stderr.write(INTERRUPTED_PROFILE + "\n")
         sys.exit(130)

@@ -397,11 +397,31 @@ def interrupt_on_termination() -> None:
         signal.signal(sig, interrupt)
 
 
+def run_app(command: typer.Typer, prog: str) -> None:
+    """Run a command line app with its usage errors (a missing argument, an unknown option, a
+    bad choice) as one `error:` line and exit 2, like every other bad input: click draws them
+    as a usage line plus a boxed message. KeyboardInterrupt reaches the caller."""
+    from typer.exceptions import TyperException
+
+    try:
+        code = command(standalone_mode=False, prog_name=prog)
+    except typer.Abort as e:  # the parser's form of Ctrl-C outside standalone mode
+        raise KeyboardInterrupt(*(e.__context__.args if e.__context__ else ())) from None
+    except TyperException as e:  # usage errors and other parser errors (typer's click)
+        ctx, message = getattr(e, "ctx", None), e.format_message()
+        if message:  # none where the error is the help page itself (no arguments given)
+            where = f"{ctx.command_path}: " if ctx is not None else ""
+            see = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            typer.echo(f"error: {where}{message}{see}", err=True)
+        sys.exit(getattr(e, "exit_code", 2))
+    sys.exit(code if isinstance(code, int) else 0)
+
+
 def main() -> None:
     cost_warnings_as_notes()
     interrupt_on_termination()
     try:
-        app()
+        run_app(app, "dualpace-sim")
     except KeyboardInterrupt:
         typer.echo("interrupted; results written so far are kept", err=True)
         sys.exit(130)

@@ -718,3 +718,33 @@ def test_the_suite_is_large_enough():
     """At least 150 bad inputs in all, over every kind of input."""
     total = len(CASES) + len(JOURNAL_CASES) + len(VALIDATE_FILE_CASES)
     assert total >= 150, total
+
+
+# --- usage errors, as the installed commands print them -----------------------------------------
+
+USAGE_CASES = [
+    ("sim", ["run"], "dualpace-sim run: Missing argument 'scenario'"),
+    ("sim", ["run", "x.yaml", "--bogus"], "dualpace-sim run: No such option: --bogus"),
+    ("sim", ["profile", "show"], "dualpace-sim profile show: Missing argument 'profile'"),
+    ("sim", ["bogus"], "dualpace-sim: No such command 'bogus'"),
+    ("hw", ["profile", "--bogus"], "dualpace-hw profile: No such option: --bogus"),
+]
+
+
+@pytest.mark.parametrize("cli, args, expect", USAGE_CASES,
+                         ids=[" ".join(c[1]) + f" ({c[0]})" for c in USAGE_CASES])
+def test_usage_errors_are_one_line_exit_2(cli, args, expect):
+    """A missing argument or an unknown option or command is one `error:` line naming the
+    command and its --help, not the parser's usage block and boxed message."""
+    import subprocess
+    import sys
+
+    if cli == "hw":
+        pytest.importorskip("torch")
+    module = "dualpace_sim.cli" if cli == "sim" else "dualpace_hw.cli"
+    done = subprocess.run([sys.executable, "-c", f"from {module} import main; main()", *args],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], lines
+    assert "--help" in lines[0] and done.stdout == ""
