@@ -51,7 +51,7 @@ def gpu_plan(tokens: TokenStore, vocab: int, chunk: int, decodes: int, context: 
     for i in range(decodes):
         r = Request.create(i, 0.0, context - 1, 16, BS)
         r.blocks = list(range(i * nb, (i + 1) * nb))
-        r.token_times.append(0.0)
+        r.generated += 1  # a decoded token; its time is never recorded
         tokens.add(i, torch.randint(0, vocab, (context,)).tolist())
         plan.decodes.append(r)
     p = Request.create(decodes, 0.0, chunk + 1, 16, BS)

@@ -258,8 +258,7 @@ def gpu_decode_section(out: dict, copy_bw: float, quick: bool) -> None:
             cursor = 0
             for _ in range(b):
                 r = Request.create(next_id, 0.0, ctx - 1, 16, BLOCK)
-                r.token_times.append(0.0)
-                r.token_owners.append(0)
+                r.generated += 1  # a decoded token; its time is never recorded
                 nb = -(-ctx // BLOCK)
                 r.blocks = perm[cursor:cursor + nb]
                 cursor += nb

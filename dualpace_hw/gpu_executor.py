@@ -435,7 +435,7 @@ class GpuExecutor:
             reqs.append(r)
             self.execute(GpuPlan(prefills=[PrefillChunk(r, 0, n, False, True)]))
             self.tokens.append(r.req_id, 1)
-            r.token_times.append(0.0)
+            r.generated += 1  # a decoded token; its time is never recorded
             self.execute(GpuPlan(decodes=[r], decode_context=n + 1))
             if self.migrator is not None and self.host_pool.n_blocks * bs > n:
                 h = Request.create(-2, 0.0, n, 2, bs)

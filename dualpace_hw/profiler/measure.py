@@ -61,7 +61,7 @@ def small_mixed_plan(tokens, block_size: int, n_blocks: int):
     for i in range(8):
         r = Request.create(i, 0.0, 15, 16, block_size)
         r.blocks = [i % n_blocks]
-        r.token_times.append(0.0)
+        r.generated += 1  # a decoded token; its time is never recorded
         tokens.add(i, [1] * 16)
         plan.decodes.append(r)
     p = Request.create(8, 0.0, 64, 16, block_size)
@@ -359,7 +359,7 @@ def decode_plan(tokens, rows: int, context: int, block_size: int):
     for i in range(rows):
         r = Request.create(i, 0.0, context - 1, 16, block_size)
         r.blocks = list(range(i * per, (i + 1) * per))
-        r.token_times.append(0.0)
+        r.generated += 1  # a decoded token; its time is never recorded
         tokens.add(i, [1] * context)
         plan.decodes.append(r)
     return plan

@@ -57,7 +57,7 @@ class CpuScheduler:
         plan = CpuPlan(
             batch=batch,
             route=route_for(len(batch), cfg.route_p, cfg.route_f),
-            context=sum(r.prompt_tokens + len(r.token_times) for r in batch),
+            context=sum(r.prompt_tokens + r.generated for r in batch),
             held_back=held_back,
             admitted=admitted,
         )
@@ -77,7 +77,7 @@ class CpuScheduler:
             st.cpu_waiting.popleft()
         growth = 0
         for r in plan.batch:
-            n = -(-(r.prompt_tokens + len(r.token_times)) // bs) - len(r.blocks)
+            n = -(-(r.prompt_tokens + r.generated) // bs) - len(r.blocks)
             if n > 0:  # Request.next_blocks, inline: this runs for every row of every round
                 r.blocks.extend(st.host.allocate(n))
             growth += r.peak_blocks - len(r.blocks)
@@ -87,7 +87,7 @@ class CpuScheduler:
     def apply(self, plan: CpuPlan, result: CpuResult) -> None:
         """Record sampled tokens; finished requests release their host KV."""
         st, t = self.state, result.end_s
-        if emit_batch(plan.batch, t, Owner.CPU):
+        if emit_batch(plan.batch, t, Owner.CPU, st.rounds):
             st.cpu_running = retire_finished(st.cpu_running, st.host, st.finished)
             st.cpu_growth = sum(r.peak_blocks - len(r.blocks) for r in st.cpu_running)
             for r in st.marked:

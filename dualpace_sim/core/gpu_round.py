@@ -54,7 +54,7 @@ class GpuScheduler:
         # 2. Restore next-token HBM feasibility. One pass over the queue: each request's KV
         #    length after its next step, and the blocks that step adds (Request.next_blocks).
         running = st.gpu_running
-        kv = [r.prompt_tokens + len(r.token_times) for r in running]
+        kv = [r.prompt_tokens + r.generated for r in running]
         needs = [-(-k // bs) - len(r.blocks) for r, k in zip(running, kv, strict=True)]
         if needs and min(needs) < 0:  # more blocks than the KV needs: nothing to add
             needs = [n if n > 0 else 0 for n in needs]
@@ -338,7 +338,7 @@ class GpuScheduler:
             st.gpu_running.append(r)
             st.gpu_queue_peak += r.peak_blocks
         for r in plan.decodes[: len(plan.decodes) - len(plan.swap_ins)]:  # swap-ins come last
-            n = -(-(r.prompt_tokens + len(r.token_times)) // bs) - len(r.blocks)
+            n = -(-(r.prompt_tokens + r.generated) // bs) - len(r.blocks)
             if n > 0:  # Request.next_blocks, inline: this runs for every decode of every round
                 r.blocks.extend(st.hbm.allocate(n))
         for c in plan.prefills:
@@ -372,13 +372,13 @@ class GpuScheduler:
     def apply(self, plan: GpuPlan, result: GpuResult) -> None:
         """Record sampled tokens; finished requests release HBM; new decodes join the queue."""
         st, t = self.state, result.end_s
-        done = emit_batch(plan.decodes, t, Owner.GPU)
+        done = emit_batch(plan.decodes, t, Owner.GPU, st.rounds)
         for c in plan.prefills:
             r = c.req
             r.prefilled += c.tokens
             if not c.last:
                 continue
-            r.emit(t, Owner.GPU)
+            r.emit(t, Owner.GPU, st.rounds)
             if c.to_cpu:
                 continue  # ready, and possibly finished, when its copies land
             st.gpu_prefilling.remove(r)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .blocks import BlockPool, retire_finished
-from .request import Owner, Request, blocks_for, emit_batch
+from .request import Owner, Request, RoundLog, blocks_for, emit_batch
 
 
 class NeoPredictor(Protocol):
@@ -200,6 +200,7 @@ class NeoScheduler:
         self.gpu_q: list[Request] = []
         self.cpu_q: deque[Request] = deque()
         self.finished: list[Request] = []
+        self.rounds = RoundLog()  # when each engine emitted tokens (Request.spans index it)
         self.n_submitted = 0
 
     def submit(self, req: Request) -> None:
@@ -241,7 +242,7 @@ class NeoScheduler:
             plan.swap_ins.append(head)
         # Prefill candidates, FCFS; the first CPU-bound prompt sends all later ones to the CPU.
         itm_needed = 0
-        cpu_needed = sum(-(-(r.prompt_tokens + len(r.token_times)) // bs)  # Σ _blocks, inline
+        cpu_needed = sum(-(-(r.prompt_tokens + r.generated) // bs)  # Σ _blocks, inline
                          for r in self.cpu_q)
         b0 = SubBatch.with_gpu_decodes(self.gpu_q)
         for r in self.waiting:
@@ -283,7 +284,7 @@ class NeoScheduler:
         for r in self.cpu_q:
             if budget.slots < 1 or budget.tokens < 1:  # budget.take(1) would fail
                 break
-            kv = r.prompt_tokens + len(r.token_times)
+            kv = r.prompt_tokens + r.generated
             if min_out is not None and kv >= min_out:
                 continue  # (take and refund: the budget is unchanged)
             budget.slots -= 1
@@ -364,8 +365,8 @@ class NeoScheduler:
         """Every request in the iteration gets exactly one token."""
         done = False
         for b in plan.batches:
-            done |= emit_batch(b.prefills + b.gpu_decodes, end_s, Owner.GPU)
-            done |= emit_batch(b.cpu_decodes, end_s, Owner.CPU)
+            done |= emit_batch(b.prefills + b.gpu_decodes, end_s, Owner.GPU, self.rounds)
+            done |= emit_batch(b.cpu_decodes, end_s, Owner.CPU, self.rounds)
         if done:
             self.gpu_q = retire_finished(self.gpu_q, self.hbm, self.finished)
             self.cpu_q = deque(retire_finished(self.cpu_q, self.host, self.finished))

@@ -7,7 +7,8 @@ destination's queue, marked not *ready*, so the destination sees it but must not
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -17,6 +18,21 @@ class Owner(IntEnum):
 
     GPU = 0
     CPU = 1
+
+
+class RoundLog:
+    """When each engine's rounds emitted their tokens: one timestamp per round, not per token.
+
+    A run emits ~50 tokens per round (a 200k-request run has 50M tokens in 1.5M rounds), so
+    requests keep spans of rounds (:attr:`Request.spans`) instead of a time per token.
+    ``times[owner]`` is that engine's array of round times; rounds that emit at the same time
+    (a GPU round's decodes, then its finishing prefills) share one entry.
+    """
+
+    __slots__ = ("times",)
+
+    def __init__(self) -> None:
+        self.times: tuple[array, array] = (array("d"), array("d"))  # by Owner
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -47,8 +63,10 @@ class Request:
     blocks: list[int] = field(default_factory=list)
     source_blocks: list[int] = field(default_factory=list)
     marked: bool = False  # deferred swap-in mark placed by a GPU round
-    token_times: list[float] = field(default_factory=list)  # emission time of every output token
-    token_owners: bytearray = field(default_factory=bytearray)  # Owner of every output token
+    generated: int = 0  # output tokens emitted so far
+    # Runs of consecutive rounds of one engine in which the request emitted a token, as flat
+    # quadruples (owner, that engine's RoundLog.times array, first round, one past the last).
+    spans: list = field(default_factory=list)
     migrations: list[tuple[float, str]] = field(default_factory=list)  # (time_s, kind)
 
     @classmethod
@@ -61,37 +79,55 @@ class Request:
         return cls(req_id, arrival_s, prompt_tokens, max_tokens, peak)
 
     @property
-    def generated(self) -> int:
-        return len(self.token_times)
+    def finished(self) -> bool:
+        return self.generated >= self.max_tokens
 
     @property
-    def finished(self) -> bool:
-        return len(self.token_times) >= self.max_tokens
+    def token_times(self) -> list[float]:
+        """The emission time of every output token, read off the spans' round times."""
+        s = self.spans
+        return [t for i in range(0, len(s), 4) for t in s[i + 1][s[i + 2]:s[i + 3]]]
+
+    @property
+    def token_owners(self) -> bytes:
+        """The Owner of every output token, one byte each."""
+        s = self.spans
+        return b"".join(bytes([s[i]]) * (s[i + 3] - s[i + 2]) for i in range(0, len(s), 4))
 
     @property
     def kv_tokens_after_step(self) -> int:
         """KV length once the next decode step has appended the last generated token."""
-        return self.prompt_tokens + len(self.token_times)
+        return self.prompt_tokens + self.generated
 
     def next_blocks(self, block_size: int) -> int:
         """Blocks to add so the next decode step's KV append fits (0 or 1)."""
-        need = -(-(self.prompt_tokens + len(self.token_times)) // block_size) - len(self.blocks)
+        need = -(-(self.prompt_tokens + self.generated) // block_size) - len(self.blocks)
         return need if need > 0 else 0
 
-    def emit(self, time_s: float, owner: Owner) -> None:
-        self.token_times.append(time_s)
-        self.token_owners.append(owner)
+    def emit(self, time_s: float, owner: Owner, rounds: RoundLog) -> None:
+        emit_batch((self,), time_s, owner, rounds)
 
 
-def emit_batch(reqs: Iterable[Request], time_s: float, owner: Owner) -> bool:
-    """Request.emit for every request of a round, in one loop (it runs for every token of a
-    run); returns whether any of them reached max_tokens."""
-    code = int(owner)  # a bytearray takes a plain int faster than an IntEnum
+def emit_batch(reqs: Sequence[Request], time_s: float, owner: Owner, rounds: RoundLog) -> bool:
+    """One token for every request of a round of `owner`'s engine ending at `time_s`, booked
+    as that round in `rounds` and one more round in each request's last span (it runs for
+    every token of a run); returns whether any of them reached max_tokens."""
+    if not reqs:
+        return False
+    code = int(owner)  # a list takes a plain int faster than an IntEnum
+    times = rounds.times[code]
+    if not times or times[-1] != time_s:
+        times.append(time_s)
+    k = len(times) - 1
+    end = k + 1
     done = False
     for r in reqs:
-        times = r.token_times
-        times.append(time_s)
-        r.token_owners.append(code)
-        if len(times) >= r.max_tokens:
+        s = r.spans
+        if s and s[-1] == k and s[-3] is times:
+            s[-1] = end
+        else:
+            s += (code, times, k, end)
+        r.generated += 1
+        if r.generated >= r.max_tokens:
             done = True
     return done

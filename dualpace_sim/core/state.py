@@ -13,7 +13,7 @@ from itertools import chain
 from .blocks import BlockPool
 from .config import SchedulerConfig
 from .envelope import envelope_fits
-from .request import Owner, Request
+from .request import Owner, Request, RoundLog
 
 
 class EngineState:
@@ -37,6 +37,7 @@ class EngineState:
         self.gpu_queue_peak = 0
         self.copy_group: list[Request] = []  # Prefill-to-CPU requests whose copies are in flight
         self.finished: list[Request] = []
+        self.rounds = RoundLog()  # when each engine emitted tokens (Request.spans index it)
         self.n_submitted = 0
 
     # --- arrivals and transfer completions (both engines observe these) -------------------

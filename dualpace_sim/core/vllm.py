@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .blocks import BlockPool, retire_finished
 from .plans import GpuPlan, GpuResult, PrefillChunk
-from .request import Owner, Request, blocks_for
+from .request import Owner, Request, RoundLog, blocks_for, emit_batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +32,7 @@ class VllmConfig:
 
 def _num_tokens(r: Request) -> int:
     """Tokens the request has so far: its prompt and every output token already emitted."""
-    return r.prompt_tokens + len(r.token_times)
+    return r.prompt_tokens + r.generated
 
 
 class VllmScheduler:
@@ -44,6 +44,7 @@ class VllmScheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order; the tail is preempted first
         self.finished: list[Request] = []
+        self.rounds = RoundLog()  # when the engine emitted tokens (Request.spans index it)
         self.n_submitted = 0
         self.preemptions = 0
 
@@ -106,7 +107,7 @@ class VllmScheduler:
         plan = GpuPlan()
         for r, n in scheduled:
             total = _num_tokens(r)
-            if n == 1 and r.token_times and r.computed == total - 1:
+            if n == 1 and r.generated and r.computed == total - 1:
                 plan.decodes.append(r)
             else:
                 plan.prefills.append(PrefillChunk(r, r.computed, n, False, r.computed + n == total))
@@ -115,18 +116,12 @@ class VllmScheduler:
 
     def apply(self, plan: GpuPlan, result: GpuResult) -> None:
         """Advance computed tokens; a request that caught up samples its next token."""
-        t = result.end_s
-        done = False
         for r in plan.decodes:
             r.computed += 1
-            r.emit(t, Owner.GPU)
-            done |= r.finished
         for c in plan.prefills:
             c.req.computed += c.tokens
-            if c.last:
-                c.req.emit(t, Owner.GPU)
-                done |= c.req.finished
-        if done:
+        sampled = plan.decodes + [c.req for c in plan.prefills if c.last]
+        if emit_batch(sampled, result.end_s, Owner.GPU, self.rounds):
             self.running = retire_finished(self.running, self.hbm, self.finished)
 
     def check_invariants(self) -> None:

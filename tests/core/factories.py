@@ -16,6 +16,7 @@ from dualpace_sim.core import (
     GpuScheduler,
     Owner,
     Request,
+    RoundLog,
     SchedulerConfig,
     blocks_for,
 )
@@ -42,8 +43,9 @@ def make_req(
         _next_id[0] += 1
     r = Request.create(req_id, 0.0, prompt, max_tokens, bs)
     r.prefilled = prompt if generated else 0
+    rounds = RoundLog()
     for i in range(generated):
-        r.emit(float(i), Owner.GPU)
+        r.emit(float(i), Owner.GPU, rounds)
     return r
 
 

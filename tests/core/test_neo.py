@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from dualpace_sim.core import Owner, Request, blocks_for
+from dualpace_sim.core import Owner, Request, RoundLog, blocks_for
 from dualpace_sim.core.neo import NeoConfig, NeoPlan, NeoScheduler, SubBatch, layer_time
 
 BS = 16
@@ -54,8 +54,9 @@ def neo(gpu: int, host: int = 1000, pred: LinearPredictor | None = None, **kw) -
 def req(prompt: int, max_tokens: int = 8, generated: int = 0) -> Request:
     """A request that already emitted `generated` tokens (at times -100, -99, ...)."""
     r = Request.create(next(_ids), -200.0, prompt, max_tokens, BS)
+    rounds = RoundLog()
     for i in range(generated):
-        r.emit(-100.0 + i, Owner.GPU)
+        r.emit(-100.0 + i, Owner.GPU, rounds)
     return r
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 
-from dualpace_sim.core import GpuResult, Owner, Request, blocks_for
+from dualpace_sim.core import GpuResult, Owner, Request, RoundLog, blocks_for
 from dualpace_sim.core.vllm import VllmConfig, VllmScheduler
 
 BS = 4
@@ -23,8 +23,9 @@ def vllm(gpu: int, budget: int = 64, seqs: int = 16) -> VllmScheduler:
 def req(prompt: int, max_tokens: int = 8, generated: int = 0) -> Request:
     """A request that already emitted `generated` tokens (at times -100, -99, ...)."""
     r = Request.create(next(_ids), -200.0, prompt, max_tokens, BS)
+    rounds = RoundLog()
     for i in range(generated):
-        r.emit(-100.0 + i, Owner.GPU)
+        r.emit(-100.0 + i, Owner.GPU, rounds)
     return r
 
 

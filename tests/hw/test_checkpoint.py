@@ -19,7 +19,7 @@ from dualpace_hw.model import Model
 from dualpace_hw.packed import pack_model
 from dualpace_hw.tokens import TokenStore
 from dualpace_sim.core.plans import GpuPlan, PrefillChunk
-from dualpace_sim.core.request import Owner, Request, blocks_for
+from dualpace_sim.core.request import Owner, Request, RoundLog, blocks_for
 from dualpace_sim.core.routing import Route
 
 from .checkpoints import make_checkpoint, reference_model, reference_tokens
@@ -79,6 +79,7 @@ class Engines:
         self.pool = PagedKVPool(ck.shape, 64, BS, dtype=torch.float32)
         self.host = PagedKVPool(ck.shape, 64, BS, dtype=torch.float32)
         self.gpu = GpuExecutor(self.model, self.pool, self.tokens, self.host)
+        self.rounds = RoundLog()  # the rounds the requests' tokens are booked in
         self.reqs = []
         for i, p in enumerate(prompts):
             r = Request.create(i, 0.0, len(p), STEPS, BS)
@@ -110,7 +111,7 @@ class Engines:
 
     def _apply(self, out: dict[int, int]) -> None:
         for r in self.reqs:
-            r.emit(0.0, Owner.GPU)
+            r.emit(0.0, Owner.GPU, self.rounds)
             self.tokens.append(r.req_id, out[r.req_id])
 
     def generated(self) -> list[list[int]]:

@@ -17,7 +17,7 @@ from dualpace_hw.kv import PagedKVPool, slot_mapping
 from dualpace_hw.model import Dense, Model, ModelWeights, greedy
 from dualpace_hw.packed import PackedDense, cpu_features, pack_model
 from dualpace_sim.core.plans import CpuPlan
-from dualpace_sim.core.request import Owner, Request
+from dualpace_sim.core.request import Owner, Request, RoundLog
 from dualpace_sim.core.routing import Route
 
 from .reference import dense_logits
@@ -116,13 +116,14 @@ def _run(model: Model, packed: Model, route: Route, assist, threads=None, cores=
     pool = PagedKVPool(model.shape, 64, BS, dtype=model.w.embed.dtype)
     free = torch.randperm(64, generator=torch.Generator().manual_seed(9)).tolist()
     store = Tokens()
+    rounds = RoundLog()
     reqs = []
     for rid, prompt in PROMPTS.items():
         r = Request.create(rid, 0.0, len(prompt), STEPS + 1, BS)
         r.blocks = [free.pop() for _ in range(r.peak_blocks)]
         store.add(rid, prompt)
         store.append(rid, _prefill(model, pool, r, prompt))
-        r.emit(0.0, Owner.GPU)
+        r.emit(0.0, Owner.GPU, rounds)
         reqs.append(r)
     ex = CpuExecutor(packed, pool, store, assist=assist, threads=threads, cores=cores)
     for step in range(STEPS):
@@ -130,7 +131,7 @@ def _run(model: Model, packed: Model, route: Route, assist, threads=None, cores=
         assert set(out) == set(PROMPTS)
         for r in reqs:  # what the runtime does after the core's apply
             store.append(r.req_id, out[r.req_id])
-            r.emit(float(step + 1), Owner.CPU)
+            r.emit(float(step + 1), Owner.CPU, rounds)
     return {rid: store.ids(rid)[len(p):] for rid, p in PROMPTS.items()}, ex
 
 

@@ -19,7 +19,7 @@ from dualpace_hw.tokens import TokenStore
 from dualpace_hw.tp import shard_shape
 from dualpace_sim.core.blocks import BlockPool
 from dualpace_sim.core.plans import GpuPlan, PrefillChunk
-from dualpace_sim.core.request import Owner, Request, blocks_for
+from dualpace_sim.core.request import Owner, Request, RoundLog, blocks_for
 from dualpace_sim.costs.shapes import ModelShape
 
 from .reference import dense_logits
@@ -62,6 +62,7 @@ class Box:
         self.reqs: dict[int, Request] = {}
         self.logits: dict[int, list[torch.Tensor]] = {}
         self.t = 0.0
+        self.rounds = RoundLog()  # the rounds the requests' tokens are booked in
 
     def add(self, req_id: int, prompt: list[int], max_tokens: int = 8) -> Request:
         r = Request.create(req_id, 0.0, len(prompt), max_tokens, BS)
@@ -115,7 +116,7 @@ class Box:
         for c in plan.prefills:
             c.req.prefilled += c.tokens
         for req_id, tok in out.items():
-            self.reqs[req_id].emit(self.t, Owner.GPU)
+            self.reqs[req_id].emit(self.t, Owner.GPU, self.rounds)
             self.tokens.append(req_id, tok)
 
 
@@ -433,7 +434,7 @@ def test_swapped_out_decoded_on_the_cpu_executor_and_back_gives_the_same_tokens(
         r.blocks.extend(moved.host.allocate(r.next_blocks(BS)))
         out = cpu.execute(CpuPlan(batch=[r], route=Route.FULL_CPU))
         moved.t += 1.0
-        r.emit(moved.t, Owner.CPU)
+        r.emit(moved.t, Owner.CPU, moved.rounds)
         moved.tokens.append(1, out[1])
     # and back: the swap-in lands in other HBM blocks, then the GPU decodes on
     in_plan = GpuPlan(swap_ins=[r], decodes=[r])

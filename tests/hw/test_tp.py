@@ -73,7 +73,7 @@ def decode_on_the_gpu_executor(name: str, rank: int, world: int) -> list[list[in
     for _ in range(NEW_TOKENS):
         for req_id, tok in ex.execute(plan).items():
             tokens.append(req_id, tok)
-            reqs[req_id].token_times.append(0.0)
+            reqs[req_id].generated += 1
         plan = GpuPlan(decodes=reqs)
     return [tokens.generated(r.req_id) for r in reqs]
 
