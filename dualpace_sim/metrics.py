@@ -3,8 +3,10 @@
 Definitions follow the paper (DESIGN.md §5): normalized latency is the mean of e2e latency divided
 by output length over completed requests; ITL is every client-observed gap between consecutive
 tokens of a request; TPOT is (e2e − TTFT)/(n_out − 1) per completed request with n_out > 1.
-Percentiles are numpy's linear ones. Everything works on the concatenated token times of all
-requests at once, because a sweep point has ~600k tokens and a sweep has dozens of points.
+Percentiles are numpy's linear ones. Token-level metrics (ITL, timelines, CPU progress) work on
+the rounds and spans of :mod:`dualpace_sim.token_spans`, never on a time per token: a
+200k-request run has 50M tokens. A run passes its spans as ``tokens``; without them they are
+read off the frame's token columns.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+
+from .token_spans import TokenSpans, Weighted
 
 TIMELINE_MAX_POINTS = 2000
 
@@ -30,19 +34,17 @@ LATENCIES = ("ttft", "tpot", "itl", "e2el")
 GOODPUT_SLOS = {"p99_ttft_s": "ttft", "p99_tpot_s": "tpot", "normalized_latency_s": "norm"}
 
 
-def _token_times(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """All token times concatenated in row order, and each request's token count."""
-    column = df["token_times_s"]
-    lengths = np.fromiter((len(t) for t in column), dtype=np.int64, count=len(column))
-    if lengths.sum() == 0:
-        return np.empty(0), lengths
-    return np.concatenate([np.asarray(t, dtype=float) for t in column]), lengths
+def _spans(df: pd.DataFrame, tokens: TokenSpans | None) -> TokenSpans:
+    """A run's own spans of these records, or those read off the frame's token columns."""
+    return TokenSpans.from_frame(df) if tokens is None else tokens
 
 
-def _nan_stat(values: np.ndarray, q: float | None = None) -> float:
+def _nan_stat(values: np.ndarray | Weighted, q: float | None = None) -> float:
     """Mean (q None) or q-th percentile; NaN when there is nothing to summarize."""
     if values.size == 0:
         return math.nan
+    if isinstance(values, Weighted):
+        return values.mean() if q is None else float(values.percentile([q])[0])
     return float(values.mean() if q is None else np.percentile(values, q))
 
 
@@ -52,17 +54,10 @@ def ttft_values(df: pd.DataFrame) -> np.ndarray:
     return ttft[~np.isnan(ttft)]
 
 
-def itl_values(df: pd.DataFrame) -> np.ndarray:
-    """Every gap between consecutive tokens of the same request, over all requests."""
-    times, lengths = _token_times(df)
-    if times.size < 2:
-        return np.empty(0)
-    gaps = np.diff(times)
-    starts = np.cumsum(lengths) - lengths  # index of each request's first token
-    starts = starts[(lengths > 0) & (starts > 0)]
-    keep = np.ones(gaps.size, dtype=bool)
-    keep[starts - 1] = False  # the gap from the previous request's last token
-    return gaps[keep]
+def itl_values(df: pd.DataFrame, tokens: TokenSpans | None = None) -> np.ndarray:
+    """Every gap between consecutive tokens of the same request, over all requests, spelled
+    out (for plots; the summaries keep them as :class:`Weighted` round gaps)."""
+    return _spans(df, tokens).itl().expand()
 
 
 def request_arrays(
@@ -81,6 +76,7 @@ def summarize(
     duration_s: float | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     slos: Mapping[str, float] | None = None,
+    tokens: TokenSpans | None = None,
 ) -> dict[str, float | int]:
     """Headline metrics of one policy's records; NaN where a metric is undefined.
 
@@ -92,10 +88,11 @@ def summarize(
     if df["policy"].nunique() > 1:
         raise ValueError("summarize takes the records of one policy; group by 'policy' first")
     arrival, _, finish, n_tokens, done = request_arrays(df)
-    values = latency_values(df)  # once: the headline and the full set share them
+    tokens = _spans(df, tokens)
+    values = latency_values(df, tokens)  # once: the headline and the full set share them
     ttft = values["ttft"]
     total_tokens = int(n_tokens.sum())
-    cpu_tokens = "".join(df["token_owners"]).count("C")
+    cpu_tokens = tokens.cpu_tokens()
     makespan = float(np.nanmax(finish) - arrival.min()) if total_tokens else math.nan
     window = makespan if duration_s is None else float(duration_s)
     headline = {
@@ -121,17 +118,18 @@ def percentile_word(p: float) -> str:
     return str(int(p)) if p.is_integer() else str(p)
 
 
-def latency_values(df: pd.DataFrame) -> dict[str, np.ndarray]:
+def latency_values(df: pd.DataFrame,
+                   tokens: TokenSpans | None = None) -> dict[str, np.ndarray | Weighted]:
     """Each latency of :data:`LATENCIES`, in seconds, over the requests it is defined for:
     TTFT over every request that produced a token, ITL over every gap between consecutive
-    tokens of a request, TPOT and end-to-end latency over completed requests (TPOT only those
-    with more than one token)."""
+    tokens of a request (as :class:`Weighted` round gaps), TPOT and end-to-end latency over
+    completed requests (TPOT only those with more than one token)."""
     arrival, first, finish, n_tokens, done = request_arrays(df)
     multi = done & (n_tokens > 1)
     return {
         "ttft": ttft_values(df),
         "tpot": (finish[multi] - first[multi]) / (n_tokens[multi] - 1),
-        "itl": itl_values(df),
+        "itl": _spans(df, tokens).itl(),
         "e2el": finish[done] - arrival[done],
     }
 
@@ -159,11 +157,12 @@ def serving_metrics(
     window_s: float,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     slos: Mapping[str, float] | None = None,
+    tokens: TokenSpans | None = None,
 ) -> dict[str, float | int]:
     """The metric set of vLLM's serving benchmark, in seconds, over a window of ``window_s``:
     :func:`throughput_metrics` and :func:`latency_stats` of every latency."""
     return {**throughput_metrics(df, window_s, slos),
-            **latency_stats(latency_values(df), percentiles)}
+            **latency_stats(latency_values(df, tokens), percentiles)}
 
 
 def throughput_metrics(
@@ -184,14 +183,17 @@ def throughput_metrics(
     }
 
 
-def latency_stats(values: Mapping[str, np.ndarray],
+def latency_stats(values: Mapping[str, np.ndarray | Weighted],
                   percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
     """Mean, median, std (population, as numpy and vLLM) and each of ``percentiles`` (numpy's
     linear ones) of each latency of ``values`` (:func:`latency_values`); NaN where empty."""
     out: dict[str, float] = {}
     qs = [50.0, *(float(p) for p in percentiles)]
     for name, v in values.items():
-        picked = np.percentile(v, qs) if v.size else np.full(len(qs), math.nan)
+        if not v.size:
+            picked = np.full(len(qs), math.nan)
+        else:
+            picked = v.percentile(qs) if isinstance(v, Weighted) else np.percentile(v, qs)
         out[f"mean_{name}_s"] = _nan_stat(v)
         out[f"median_{name}_s"] = float(picked[0])
         out[f"std_{name}_s"] = float(v.std()) if v.size else math.nan
@@ -200,32 +202,15 @@ def latency_stats(values: Mapping[str, np.ndarray],
     return out
 
 
-def token_timeline(df: pd.DataFrame, max_points: int = TIMELINE_MAX_POINTS) -> pd.DataFrame:
-    """Cumulative generated tokens and cumulative CPU-produced tokens at each distinct token time.
+def token_timeline(df: pd.DataFrame, max_points: int = TIMELINE_MAX_POINTS,
+                   tokens: TokenSpans | None = None) -> pd.DataFrame:
+    """Cumulative generated tokens and cumulative CPU-produced tokens at each distinct token time
+    (the engines' rounds), from each round's token count.
 
     Longer timelines are sampled at ``max_points`` evenly spaced events (always keeping the last);
-    the counts at kept times stay exact. The distinct times are the engines' rounds, so only the
-    sort touches every token: the counts are read off the sorted times by position and search.
+    the counts at kept times stay exact.
     """
-    times, _ = _token_times(df)
-    cpu_times = np.sort(times[_cpu_mask(df)])
-    times.sort()  # _token_times made this array: sort it in place
-    ends_time = np.append(times[1:] != times[:-1], True) if times.size else np.zeros(0, bool)
-    last_of_time = np.flatnonzero(ends_time)
-    if len(last_of_time) > max_points:
-        pick = np.unique(np.linspace(0, len(last_of_time) - 1, max_points).round().astype(int))
-        last_of_time = last_of_time[pick]
-    kept = times[last_of_time]
-    return pd.DataFrame({
-        "time_s": kept,
-        "total_tokens": (last_of_time + 1).astype(np.int64),
-        "cpu_tokens": np.searchsorted(cpu_times, kept, side="right").astype(np.int64),
-    })
-
-
-def _cpu_mask(df: pd.DataFrame) -> np.ndarray:
-    """Which of the concatenated tokens (see _token_times) the CPU engine produced."""
-    return np.frombuffer("".join(df["token_owners"]).encode("ascii"), dtype=np.uint8) == ord("C")
+    return _spans(df, tokens).timeline(max_points)
 
 
 def sustainable_rate(
@@ -256,10 +241,9 @@ def sustainable_rate(
     return float(r[k - 1] + (target - v[k - 1]) / (v[k] - v[k - 1]) * (r[k] - r[k - 1]))
 
 
-def cpu_token_times(df: pd.DataFrame) -> np.ndarray:
-    """Emission times of every CPU-produced token (owner ``C``) of all requests, sorted."""
-    times, _ = _token_times(df)
-    return np.sort(times[_cpu_mask(df)]) if times.size else np.empty(0)
+def cpu_token_times(df: pd.DataFrame, tokens: TokenSpans | None = None) -> np.ndarray:
+    """The times at which the CPU engine emitted tokens (owner ``C``), sorted, once each."""
+    return _spans(df, tokens).cpu_round_times()
 
 
 _TO_CPU = ("prefill_to_cpu", "swap_out")
@@ -269,8 +253,8 @@ def cpu_residency(df: pd.DataFrame) -> list[tuple[float, float]]:
     """Merged intervals during which at least one request was CPU-resident: from its
     Prefill-to-CPU landing or swap-out to its swap-in, or else to its last token."""
     spans = []
-    for kinds, times, tokens in zip(df["migration_kinds"], df["migration_times_s"],
-                                    df["token_times_s"], strict=True):
+    for kinds, times, last in zip(df["migration_kinds"], df["migration_times_s"],
+                                  df["finish_s"], strict=True):
         start = None
         for kind, t in sorted(zip(kinds, times, strict=True), key=lambda kt: kt[1]):
             if kind in _TO_CPU and start is None:
@@ -278,8 +262,8 @@ def cpu_residency(df: pd.DataFrame) -> list[tuple[float, float]]:
             elif kind == "swap_in" and start is not None:
                 spans.append((start, t))
                 start = None
-        if start is not None and len(tokens):
-            spans.append((start, max(start, float(tokens[-1]))))
+        if start is not None and not math.isnan(last):
+            spans.append((start, max(start, float(last))))
     merged: list[list[float]] = []
     for a, b in sorted(spans):
         if merged and a <= merged[-1][1]:
@@ -289,7 +273,8 @@ def cpu_residency(df: pd.DataFrame) -> list[tuple[float, float]]:
     return [(a, b) for a, b in merged]
 
 
-def longest_cpu_stall_interval(df: pd.DataFrame) -> tuple[float, float] | None:
+def longest_cpu_stall_interval(df: pd.DataFrame,
+                               tokens: TokenSpans | None = None) -> tuple[float, float] | None:
     """Start and end of the longest CPU stall (see :func:`longest_cpu_stall`); None when no
     request was ever CPU-resident. Ties go to the earliest stall."""
     if df["policy"].nunique() > 1:
@@ -297,7 +282,7 @@ def longest_cpu_stall_interval(df: pd.DataFrame) -> tuple[float, float] | None:
     residency = cpu_residency(df)
     if not residency:
         return None
-    times = cpu_token_times(df)
+    times = cpu_token_times(df, tokens)
     best: tuple[float, float] | None = None
     for a, b in residency:
         inside = times[np.searchsorted(times, a):np.searchsorted(times, b, side="right")]
@@ -309,7 +294,7 @@ def longest_cpu_stall_interval(df: pd.DataFrame) -> tuple[float, float] | None:
     return best
 
 
-def longest_cpu_stall(df: pd.DataFrame) -> float:
+def longest_cpu_stall(df: pd.DataFrame, tokens: TokenSpans | None = None) -> float:
     """Longest stall of CPU-resident decode progress, in seconds.
 
     The longest stretch during which some request was CPU-resident (its KV in host memory:
@@ -318,5 +303,5 @@ def longest_cpu_stall(df: pd.DataFrame) -> float:
     stalled, and do not count. NaN when no request was ever CPU-resident (a GPU-only policy).
     This is the paper's Figure 1 (top right) plateau, measured.
     """
-    interval = longest_cpu_stall_interval(df)
+    interval = longest_cpu_stall_interval(df, tokens)
     return math.nan if interval is None else interval[1] - interval[0]

@@ -8,6 +8,7 @@ are written without a creation date so reruns give identical files.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,29 +24,35 @@ from dualpace_sim.metrics import (
     token_timeline,
     ttft_values,
 )
+from dualpace_sim.token_spans import TokenSpans
 
 CDF_MAX_POINTS = 2000
 
 
 def plot_timeline(frames: dict[str, pd.DataFrame], out_stem: Path, *, title: str | None = None,
-                  annotate_stalls: bool = False) -> None:
+                  annotate_stalls: bool = False,
+                  tokens: Mapping[str, TokenSpans] | None = None) -> None:
     """Cumulative generated tokens (left) and cumulative CPU-decoded tokens (right) over time,
     one line per policy, like the paper's Figure 1 (top). Writes ``out_stem``.png and .pdf.
+    A run passes its policies' token spans as ``tokens`` (then ``frames`` need no token
+    columns); without them they are read off the frames.
 
     With ``annotate_stalls`` the CPU panel also shades each policy's longest gap in CPU-resident
     progress (:func:`dualpace_sim.metrics.longest_cpu_stall`) and gives its length in the legend.
     """
     fig, (total_ax, cpu_ax) = _figure()
     colors = policy_colors(frames)
-    any_cpu = any("C" in "".join(df["token_owners"]) for df in frames.values())
+    spans = {p: tokens[p] if tokens is not None else TokenSpans.from_frame(df)
+             for p, df in frames.items()}
+    any_cpu = any(s.cpu_tokens() for s in spans.values())
     for policy, df in frames.items():
-        timeline = token_timeline(df)
+        timeline = token_timeline(df, tokens=spans[policy])
         color = colors[policy]
         total_ax.plot(timeline["time_s"], timeline["total_tokens"], label=policy, color=color)
         if any_cpu:
             cpu_ax.plot(timeline["time_s"], timeline["cpu_tokens"], color=color)
         if annotate_stalls and len(df) and any_cpu:
-            interval = longest_cpu_stall_interval(df)
+            interval = longest_cpu_stall_interval(df, spans[policy])
             if interval is None:
                 cpu_ax.plot([], [], " ", label=f"{policy}: no CPU-produced tokens")
             else:

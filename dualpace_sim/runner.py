@@ -20,7 +20,7 @@ from .outputs import write_json
 from .plots import plot_timeline
 from .progress import progress_bar
 from .provenance import parquet_metadata, provenance, scenario_hash
-from .records import records_frame, write_records
+from .records import PolicyRecords, write_policy_records
 from .scenario import LoadedScenario, load_scenario
 from .sim import make_node
 from .state_series import state_series
@@ -30,8 +30,8 @@ from .trace_events import TraceRecorder, write_trace
 def simulate(
     loaded: LoadedScenario, policy: str, progress: bool = False,
     trace: TraceRecorder | None = None,
-) -> tuple[pd.DataFrame, dict]:
-    """Run one policy; returns its records frame and its summary object. `trace`, if given,
+) -> tuple[PolicyRecords, dict]:
+    """Run one policy; returns its records and its summary object. `trace`, if given,
     receives the run's timeline.
 
     The summary is the same object in `run`'s summary.json and a sweep point's; the caller adds
@@ -44,14 +44,15 @@ def simulate(
         node = make_node(loaded.requests, loaded.cost, loaded.policy_config(policy),
                          loaded.neo_launch_s, on_finish=bar.update, trace=trace)
         output = node.run()
-    frame = records_frame(output.requests, policy)
+    records = PolicyRecords.from_requests(output.requests, policy)
+    frame, tokens = records.requests, records.tokens
     summary = {
         "scenario": loaded.spec.name,
         "policy": policy,
         "rate": loaded.spec.workload.rate,
         **summarize(frame, percentiles=loaded.spec.metrics.percentiles,
-                    slos=loaded.spec.targets.model_dump()),
-        "longest_cpu_stall_s": longest_cpu_stall(frame),
+                    slos=loaded.spec.targets.model_dump(), tokens=tokens),
+        "longest_cpu_stall_s": longest_cpu_stall(frame, tokens),
         "controls": _controls(loaded, policy),
         "capacities": {"gpu_kv_blocks": loaded.config.gpu_kv_blocks,
                        "host_kv_blocks": loaded.config.host_kv_blocks,
@@ -61,7 +62,7 @@ def simulate(
         **utilisation(output.stats, loaded),
         "engine": asdict(output.stats),
     }
-    return frame, summary
+    return records, summary
 
 
 UTILISATION_KEYS = ("gpu_utilisation", "cpu_utilisation", "pcie_h2d_utilisation",
@@ -130,21 +131,21 @@ def run_scenario(
     record = provenance(loaded)
     digest = scenario_hash(path, changes)
     out.mkdir(parents=True, exist_ok=True)
-    frames: dict[str, pd.DataFrame] = {}
+    records: dict[str, PolicyRecords] = {}
     summaries: list[dict] = []
     traces: list[TraceRecorder] = []
     for policy in loaded.spec.policies:
         trace = None if trace_events is None else TraceRecorder(f"{loaded.spec.name}: {policy}")
-        frame, summary = simulate(loaded, policy, progress, trace)
+        records[policy], summary = simulate(loaded, policy, progress, trace)
         if trace is not None:
-            record_state_counters(trace, frame, loaded.config.block_size)
-        frames[policy] = frame
+            record_state_counters(trace, records[policy].frame(), loaded.config.block_size)
         summaries.append(stamp(summary, digest, record))
-        write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet",
-                      parquet_metadata(record))
+        write_policy_records(list(records.values()), out / "requests.parquet",
+                             parquet_metadata(record))
         write_json(out / "summary.json", summaries)
         if trace is not None:
             traces.append(trace)
             write_trace(trace_events, traces)
-    plot_timeline(frames, out / "timeline")
+    plot_timeline({p: r.requests for p, r in records.items()}, out / "timeline",
+                  tokens={p: r.tokens for p, r in records.items()})
     return summaries

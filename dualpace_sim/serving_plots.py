@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .metrics import latency_values
+from .metrics import itl_values, latency_values
+from .token_spans import TokenSpans
 from .plots import (
     RATE_LABEL,
     draw_band,
@@ -83,7 +84,8 @@ def plot_latency_cdfs_by_rate(frames: dict[float, pd.DataFrame], out_stem: Path,
     ramp = setting_colors([f"{r:g} req/s" for r in frames])
     by_latency: dict[str, list[np.ndarray]] = {"ttft": [], "itl": [], "tpot": []}
     for rate, df in frames.items():
-        values = latency_values(df)
+        spans = TokenSpans.from_frame(df)
+        values = {**latency_values(df, spans), "itl": itl_values(df, spans)}  # every gap
         for ax, name in zip(axes, by_latency, strict=True):
             by_latency[name].append(values[name])
             ax.plot(*empirical_cdf(values[name]), color=ramp[f"{rate:g} req/s"],

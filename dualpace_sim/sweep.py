@@ -59,7 +59,7 @@ from .provenance import (
     referenced_files,
     scenario_hash,
 )
-from .records import write_records
+from .records import PolicyRecords, write_policy_records
 from .runner import simulate, stamp
 from .scenario import LoadedScenario, load_scenario, read_scenario
 from .sim import SimulationStalled
@@ -168,7 +168,7 @@ class PointResult:
     """What computing one point gives back; the sweep writes it (:func:`write_point`)."""
 
     wall_s: float | None
-    frame: pd.DataFrame | None = None  # per-request records; None when the point failed
+    records: PolicyRecords | None = None  # None when the point failed
     summary: dict | None = None
     error: str | None = None  # one line
     traceback: str | None = None  # for the point's error.txt
@@ -183,11 +183,11 @@ def compute_point(loaded: LoadedScenario, policy: str) -> PointResult:
     """
     start = time.perf_counter()
     try:
-        frame, summary = simulate(loaded, policy)
+        records, summary = simulate(loaded, policy)
     except Exception as exc:  # noqa: BLE001 - any failure of a point is reported, not raised
         return PointResult(time.perf_counter() - start, error=_one_line(exc),
                            traceback=traceback.format_exc())
-    return PointResult(time.perf_counter() - start, frame, summary)
+    return PointResult(time.perf_counter() - start, records, summary)
 
 
 def write_point(pdir: Path, result: PointResult, digest: str, record: dict) -> None:
@@ -199,7 +199,7 @@ def write_point(pdir: Path, result: PointResult, digest: str, record: dict) -> N
         _write_error(pdir, result.traceback)
         return
     pdir.mkdir(parents=True, exist_ok=True)
-    write_records(result.frame, pdir / "requests.parquet", parquet_metadata(record))
+    write_policy_records([result.records], pdir / "requests.parquet", parquet_metadata(record))
     write_json(pdir / "summary.json", [stamp(result.summary, digest, record)])
     (pdir / "error.txt").unlink(missing_ok=True)
 

@@ -346,8 +346,8 @@ def validate(real_dir: Path | str, scenario: Path | str, out_dir: Path | str | N
     sim_summaries: list[dict] = []
     record, digest = provenance(loaded), scenario_hash(loaded.path)
     for policy in real.frames:
-        frame, summary = simulate(loaded, policy, progress)
-        sim_frames[policy] = frame
+        records, summary = simulate(loaded, policy, progress)
+        sim_frames[policy] = records.frame()  # compared request by request below
         sim_summaries.append(stamp(summary, digest, record))
     sim_dir = out / "sim"
     sim_dir.mkdir(parents=True, exist_ok=True)
