@@ -14,7 +14,6 @@ import numpy as np
 import pandas as pd
 
 from .metrics import itl_values, latency_values
-from .token_spans import TokenSpans
 from .plots import (
     RATE_LABEL,
     draw_band,
@@ -27,6 +26,7 @@ from .plots import (
     setting_colors,
 )
 from .runner import UTILISATION_KEYS
+from .token_spans import TokenSpans
 
 UTILISATION_TITLES = {"gpu_utilisation": "GPU", "cpu_utilisation": "CPU engine",
                       "pcie_h2d_utilisation": "PCIe host to GPU",
