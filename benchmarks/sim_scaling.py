@@ -39,7 +39,7 @@ def one_point(policy: str, rate: float, n: int) -> dict:
 
     from dualpace_sim.metrics import summarize
     from dualpace_sim.plots import plot_timeline
-    from dualpace_sim.records import records_frame, write_records
+    from dualpace_sim.records import PolicyRecords, write_policy_records
     from dualpace_sim.scenario import load_scenario
     from dualpace_sim.sim import make_node
 
@@ -62,11 +62,12 @@ def one_point(policy: str, rate: float, n: int) -> dict:
         rss_sim = peak_rss_mib()
         rounds = out.stats.gpu_rounds + out.stats.cpu_rounds
         out_start = time.perf_counter()
-        frame = records_frame(out.requests, policy)
+        records = PolicyRecords.from_requests(out.requests, policy)
         del node, out
-        summarize(frame)
-        write_records(frame, Path(tmp) / "requests.parquet")
-        plot_timeline({policy: frame}, Path(tmp) / "timeline")
+        summarize(records.requests, tokens=records.tokens)
+        write_policy_records([records], Path(tmp) / "requests.parquet")
+        plot_timeline({policy: records.requests}, Path(tmp) / "timeline",
+                      tokens={policy: records.tokens})
         output_wall = time.perf_counter() - out_start
     return {"policy": policy, "rate": rate, "requests": n, "wall_s": wall, "cpu_s": cpu,
             "cpu_us_per_request": cpu / n * 1e6, "rounds": rounds,

@@ -54,7 +54,7 @@ def one_run(scenario: Path, count_events: bool) -> dict:
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     events = counted[0] if count_events else getattr(node.env, "events", None)
     return {"wall_s": wall, "cpu_s": cpu, "requests": len(out.requests), "events": events,
-            "tokens": sum(len(r.token_times) for r in out.requests), "end_s": out.stats.end_s,
+            "tokens": sum(r.generated for r in out.requests), "end_s": out.stats.end_s,
             "gpu_rounds": out.stats.gpu_rounds, "cpu_rounds": out.stats.cpu_rounds,
             "assists": out.stats.assist_calls}
 

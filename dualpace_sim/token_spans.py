@@ -210,7 +210,8 @@ class TokenSpans:
         first = self.first[lo:hi]
         counts = self.end[lo:hi] - first
         offsets = np.cumsum(counts) - counts
-        index = np.repeat(first - offsets, counts) + np.arange(int(counts.sum()))
+        index = np.repeat(first - offsets, counts)
+        index += np.arange(index.size)  # in place: a row group has millions of tokens
         letters = np.repeat(LETTERS[self.round_owner[first]], counts).tobytes()
         lengths = np.bincount(self.row[lo:hi] - start, weights=counts,
                               minlength=stop - start).astype(np.int64)

@@ -3,6 +3,8 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from dualpace_sim.records import (
@@ -93,3 +95,49 @@ def test_the_table_is_built_from_flat_token_arrays():
     assert table.column("token_owners").to_pylist() == ["", "G", "GCC"]
     assert table.column("first_token_s").to_pylist()[1:] == [0.75, 1.0]
     assert table.column("finish_s").to_pylist()[1:] == [0.75, 2.5]
+
+
+def _run_requests():
+    """A small real run's requests (core Requests, their tokens booked as spans of rounds)."""
+    from dualpace_sim.scenario import load_scenario
+    from dualpace_sim.sim import DualPaceNode
+    from tests.conftest import REPO_ROOT
+
+    loaded = load_scenario(REPO_ROOT / "scenarios" / "quickstart.yaml",
+                           changes={"workload": {"num_requests": 60}})
+    return DualPaceNode(loaded.requests, loaded.cost, loaded.config).run().requests
+
+
+def test_policy_records_are_the_frame_of_the_same_requests(tmp_path, monkeypatch):
+    """A run's PolicyRecords spell out the frame records_frame gives, and write the same
+    bytes; row groups of a few rows read back the same rows."""
+    from dualpace_sim import records
+    from dualpace_sim.records import PolicyRecords, write_policy_records
+
+    reqs = _run_requests()
+    parts = [PolicyRecords.from_requests(reqs, "dualpace"), PolicyRecords.from_requests(reqs, "b")]
+    frame = pd.concat([records_frame(reqs, "dualpace"), records_frame(reqs, "b")],
+                      ignore_index=True)
+    pd.testing.assert_frame_equal(parts[0].frame(), frame.iloc[:len(reqs)])
+    meta = {b"k": b"v"}
+    write_records(frame, tmp_path / "frame.parquet", meta)
+    write_policy_records(parts, tmp_path / "parts.parquet", meta)
+    assert (tmp_path / "frame.parquet").read_bytes() == (tmp_path / "parts.parquet").read_bytes()
+    monkeypatch.setattr(records, "ROW_GROUP_ROWS", 7)
+    write_policy_records(parts, tmp_path / "small.parquet")
+    assert pq.ParquetFile(tmp_path / "small.parquet").metadata.num_row_groups == -(-len(frame) // 7)
+    pd.testing.assert_frame_equal(read_records(tmp_path / "small.parquet"), frame)
+    write_policy_records([], tmp_path / "none.parquet")
+    assert read_records(tmp_path / "none.parquet").empty
+
+
+def test_a_runs_summary_from_its_spans_is_the_files(tmp_path):
+    """summarize over the run's spans gives what it gives over the written file."""
+    from dualpace_sim.metrics import longest_cpu_stall, summarize
+    from dualpace_sim.records import PolicyRecords, write_policy_records
+
+    rec = PolicyRecords.from_requests(_run_requests(), "dualpace")
+    write_policy_records([rec], tmp_path / "r.parquet")
+    back = read_records(tmp_path / "r.parquet")
+    assert summarize(rec.requests, tokens=rec.tokens) == summarize(back)
+    assert longest_cpu_stall(rec.requests, rec.tokens) == longest_cpu_stall(back)
