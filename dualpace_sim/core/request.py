@@ -127,7 +127,8 @@ def emit_batch(reqs: Sequence[Request], time_s: float, owner: Owner, rounds: Rou
             s[-1] = end
         else:
             s += (code, times, k, end)
-        r.generated += 1
-        if r.generated >= r.max_tokens:
+        g = r.generated + 1
+        r.generated = g
+        if g >= r.max_tokens:
             done = True
     return done
