@@ -53,7 +53,9 @@ _OWNER_TABLE = bytes(ord(OWNER_LETTERS.get(b, "?")) for b in range(256))
 
 
 class FinishedRequest(Protocol):
-    """What the simulator (or the real runtime) hands over for each request."""
+    """What :func:`records_frame` reads of each request: the core's Request (its token lists
+    read off its spans; the real runtime's records go this way) or any object with these
+    fields. A simulated run takes the leaner :class:`PolicyRecords`."""
 
     req_id: int
     arrival_s: float
@@ -76,7 +78,7 @@ def records_table(requests: Iterable[FinishedRequest], policy: str) -> pa.Table:
     ``finish_s`` is the last token's time (whether or not the request reached ``max_tokens``);
     requests without tokens have empty lists and NaN first/finish times. The token columns are
     built as one flat array of every token time and one of every owner letter, with the
-    requests' offsets into them: no Python object per token (a 200k-request run has ~50M).
+    requests' offsets into them.
     """
     reqs = sorted(requests, key=lambda r: r.req_id)
     n = len(reqs)
