@@ -168,7 +168,7 @@ def run(
         _fail(str(e))
     try:
         loaded = load_scenario(scenario)
-        if "dualpace" in (policy or loaded.spec.policies):  # the one with a host pool
+        if {"dualpace", "neo"} & set(policy or loaded.spec.policies):  # host pools
             check_host_kv(loaded.config.host_kv_blocks, loaded.config.block_size,
                           loaded.profile.model, str(scenario))
         weights = None if checkpoint is None else open_checkpoint(checkpoint, loaded)

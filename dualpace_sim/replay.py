@@ -25,12 +25,15 @@ from .core.journal import (
     JournalError,
     describe_cpu,
     describe_gpu,
+    describe_neo,
 )
+from .core.neo import NeoScheduler
 from .core.vllm import VllmScheduler
+from .costs.neo_tables import NeoTables
 from .records import read_records, records_frame
 from .scenario import LoadedScenario
 
-REPLAYED_POLICIES = ("dualpace", "vllm")
+REPLAYED_POLICIES = ("dualpace", "vllm", "neo")
 
 
 @dataclass
@@ -108,6 +111,32 @@ class _VllmCalls:
         return None
 
 
+class _NeoCalls:
+    """NEO's one engine: its scheduler decides with the same tables over the same profile."""
+
+    def __init__(self, loaded: LoadedScenario, requests: list[Request]) -> None:
+        self.requests = requests
+        self.sched = NeoScheduler(loaded.policy_config("neo"),
+                                  NeoTables(loaded.cost, loaded.neo_launch_s))
+        self.plan = None
+
+    def __call__(self, e: Entry) -> dict | None:
+        match e.engine, e.call:
+            case "load", "submit":
+                self.sched.submit(self.requests[e.data["req"]])
+            case "gpu", "schedule":
+                self.plan = self.sched.schedule(e.t)
+                return describe_neo(self.plan)
+            case "gpu", "apply":
+                self.sched.apply(self.plan, e.t)
+            case _:
+                raise ValueError(f"unknown journal call {e.engine}/{e.call}")
+        return None
+
+
+_CALLS = {"dualpace": _DualPaceCalls, "vllm": _VllmCalls, "neo": _NeoCalls}
+
+
 def replay(journal: Journal, loaded: LoadedScenario, policy: str,
            records: pd.DataFrame | None = None, max_reported: int = 5) -> ReplayReport:
     """Replay `journal` (a real run of `policy` on `loaded`'s workload); compare every plan and,
@@ -118,7 +147,7 @@ def replay(journal: Journal, loaded: LoadedScenario, policy: str,
     block_size = loaded.policy_config(policy).block_size
     requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, block_size)
                 for i, s in enumerate(loaded.requests)]
-    calls = (_DualPaceCalls if policy == "dualpace" else _VllmCalls)(loaded, requests)
+    calls = _CALLS[policy](loaded, requests)
     report = ReplayReport(policy)
     env = simpy.Environment()
 

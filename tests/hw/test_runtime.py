@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from dualpace_hw.cli import app
 from dualpace_hw.cpu_worker import AssistBlock, WorkerStopped
 from dualpace_hw.model import Model, ModelWeights, greedy
-from dualpace_hw.runtime import AssistServer, EngineFailure, _Engines
+from dualpace_hw.runtime import AssistServer, EngineFailure, Engines
 from dualpace_hw.serve import build_runtime, run_real
 from dualpace_hw.shm import SharedArena
 from dualpace_sim.core import Owner
@@ -235,7 +235,7 @@ def test_assist_block_hands_off_at_a_boundary_and_lets_go_on_stop():
                                                ((2, 4), torch.float32), ((2, 4), torch.float32),
                                                ((2,), torch.int64))]
     block = AssistBlock(*views)
-    server = AssistServer(block, _Engines([], 16, 8))
+    server = AssistServer(block, Engines([], 16, 8))
 
     class FakeGpu:
         cuda = False
