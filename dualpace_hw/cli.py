@@ -140,8 +140,8 @@ def run(
                             "model (default: seeded random weights; timing does not depend on "
                             "values)")] = None,
 ) -> None:
-    """Replay SCENARIO's workload in real time against the real runtime (DualPace and vLLM;
-    NEO is simulated only) and write what `dualpace-sim run` writes."""
+    """Replay SCENARIO's workload in real time against the real runtime (DualPace, vLLM and
+    NEO, each on the runtime's executors) and write what `dualpace-sim run` writes."""
     from dualpace_sim.scenario import ScenarioError, load_scenario
 
     from .arguments import (

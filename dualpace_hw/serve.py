@@ -32,7 +32,6 @@ from .neo_runtime import NeoRuntime
 from .runtime import DualPaceRuntime, EngineFailure, GpuEngine, VllmRuntime
 from .tp import shard_shape
 
-REAL_POLICIES = ("dualpace", "vllm", "neo")
 SERVED_POLICIES = ("dualpace", "vllm")  # behind `dualpace-hw serve`
 
 
@@ -170,9 +169,6 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
     summaries = []
     traces: list[TraceRecorder] = []
     for policy in policies or loaded.spec.policies:
-        if policy not in REAL_POLICIES:
-            print(f"{policy}: simulated only (the real runtime runs {', '.join(REAL_POLICIES)})")
-            continue
         runtime = build_runtime(loaded, policy, device, cpu_cores, cpu_tp=cpu_tp, gpu_tp=gpu_tp,
                                 checkpoint=checkpoint)
         if policy == "dualpace":

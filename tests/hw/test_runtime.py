@@ -167,12 +167,11 @@ def test_run_command_writes_what_the_simulator_writes(tmp_path):
     result = CliRunner().invoke(app, ["run", str(path), "--out", str(out), "--device", "cpu",
                                       "--trace-events", str(out / "trace.json")])
     assert result.exit_code == 0, result.output
-    assert "neo: simulated only" in result.output
     summary = json.loads((out / "summary.json").read_text())
-    assert [s["policy"] for s in summary] == ["dualpace", "vllm"]
+    assert [s["policy"] for s in summary] == ["dualpace", "vllm", "neo"]
     assert all(s["completed"] == s["submitted"] == 10 and s["real"] for s in summary)
     records = read_records(out / "requests.parquet")
-    assert set(records["policy"]) == {"dualpace", "vllm"}
+    assert set(records["policy"]) == {"dualpace", "vllm", "neo"}
     assert (records["n_tokens"] == records["max_tokens"]).all()
     assert (out / "timeline.png").exists()
     check_real_trace(out / "trace.json", summary)
