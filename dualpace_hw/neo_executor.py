@@ -156,9 +156,11 @@ class ActivationLink:
             dst.copy_(o_cpu)
             return
         staged = self._buffer(part, "o", o_cpu).copy_(o_cpu)
+        compute = torch.cuda.current_stream()
+        self.stream.wait_stream(compute)  # `dst`'s memory may have been another tensor's
         with torch.cuda.stream(self.stream):
             dst.copy_(staged, non_blocking=True)
-        torch.cuda.current_stream().wait_stream(self.stream)
+        compute.wait_stream(self.stream)
 
 
 @dataclass

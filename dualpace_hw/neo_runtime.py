@@ -24,7 +24,7 @@ from .gpu_executor import GpuExecutor
 from .kv import PagedKVPool
 from .model import Model
 from .neo_executor import IterationTimes, NeoExecutor
-from .runtime import GpuEngine, RunStats, Engines
+from .runtime import Engines, GpuEngine, RunStats
 
 
 @dataclass
@@ -38,11 +38,6 @@ class NeoRunStats(RunStats):
     activations_to_gpu_bytes: int = 0  # their attention outputs back
     swap_issue_s: float = 0.0  # issuing swaps (the GPU waits for them on its stream)
     copies_wait_s: float = 0.0  # after the forward, until CPU prefills' pages landed
-
-
-class NeoStalled(RuntimeError):
-    """Nothing can run and nothing more will arrive: NEO runs nothing while nothing is on the
-    GPU (BASELINES.md §C.7), so CPU-resident requests wait for arrivals that will not come."""
 
 
 class NeoRuntime(Engines):
@@ -96,8 +91,7 @@ class NeoRuntime(Engines):
                 now = self.now()
                 plan = sched.schedule(now)
                 self.journal.record(now, "gpu", "schedule", plan=describe_neo(plan))
-                if plan.is_empty:
-                    self._check_stalled()
+                if plan.is_empty:  # (the scenario's check refused what could stall here)
                     self.work.wait(0.01)
                     continue
             swap_out = _pairs(plan.swap_outs, held)
@@ -113,18 +107,6 @@ class NeoRuntime(Engines):
                 sched.apply(plan, self.record("gpu", "apply", tokens=tokens))
                 for req_id, tok in tokens.items():
                     self.tokens.append(req_id, tok)
-
-    def _check_stalled(self) -> None:
-        """NeoStalled when every arrival is in and nothing can run (the caller holds the
-        lock): NEO would wait for ever."""
-        s = self.sched
-        arrived = s.n_submitted == len(self.requests) and not self.accepting
-        if arrived and len(s.finished) < s.n_submitted and (s.cpu_q or s.waiting):
-            raise NeoStalled(
-                f"NEO stalled at t={self.now():.3f}s: nothing on the GPU and nothing admissible "
-                f"({len(s.waiting)} waiting, {len(s.cpu_q)} CPU-resident, HBM free "
-                f"{s.hbm.free}/{s.hbm.capacity}, host free {s.host.free}/{s.host.capacity}); "
-                "NEO runs CPU decodes only beside GPU work, so enlarge scheduler.gpu_kv_blocks")
 
     def _count(self, plan: NeoPlan, times: IterationTimes) -> None:
         st = self.stats
