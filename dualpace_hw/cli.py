@@ -120,7 +120,8 @@ def run(
         "--device", "--gpu-device", help="the GPU engine's device: 'cuda', or 'cpu' for tests "
                                          "(--gpu-device: the same, as `profile` once named "
                                          "it)")] = "cuda",
-    cpu_cores: Annotated[int | None, typer.Option(help="cores for the CPU engine")] = None,
+    cpu_cores: Annotated[int | None, typer.Option(
+        help="cores for the CPU engine (NEO: for its CPU attention's threads)")] = None,
     cpu_tp: Annotated[int, typer.Option(
         min=1, help="CPU tensor-parallel ranks (processes over Gloo, splitting the heads and "
                     "the cores)")] = 1,

@@ -24,11 +24,13 @@ from .gpu_executor import GpuExecutor
 from .kv import PagedKVPool
 from .model import Model
 from .neo_executor import IterationTimes, NeoExecutor
+from .processes import on_cores
 from .runtime import Engines, GpuEngine, RunStats
 
 
 @dataclass
 class NeoRunStats(RunStats):
+    launch_s: float = 0.0  # the lnch_T NEO's predictor decided with (per layer)
     pipelined_iterations: int = 0  # iterations of two sub-batches (the rest: GPU-only)
     swap_outs: int = 0  # requests moved GPU -> host
     swap_ins: int = 0  # requests moved host -> GPU
@@ -51,7 +53,7 @@ class NeoRuntime(Engines):
                              "written for one); run it with --gpu-tp 1")
         super().__init__(specs, config.block_size, gpu.shape.vocab_size)
         self.sched = NeoScheduler(config, predictor)
-        self.stats = NeoRunStats()
+        self.stats = NeoRunStats(launch_s=predictor.lnch_T)
         device = gpu.weights.embed.device
         pool = PagedKVPool(gpu.shape, config.gpu_kv_blocks, config.block_size, device=device,
                            dtype=gpu.dtype)
@@ -61,10 +63,14 @@ class NeoRuntime(Engines):
         self.gpu = GpuExecutor(Model(gpu.shape, gpu.weights), pool, self.tokens, host,
                                cuda_graphs=False)
         self.neo = NeoExecutor(self.gpu, cores)
+        self.cores = cores
 
     def serve(self):
+        """Run the workload; the engine's own threads keep off the CPU attention's cores."""
         try:
-            return self.run({"GPU": self._loop}, self.sched.submit, lambda: self.sched.finished)
+            with on_cores(self._own_cores(set(self.cores) if self.cores else None)):
+                return self.run({"GPU": self._loop}, self.sched.submit,
+                                lambda: self.sched.finished)
         finally:
             self.stats.cpu_busy_s = self.neo.cpu.busy_s
             self.stats.activations_to_host_bytes = self.neo.link.to_host_bytes

@@ -122,12 +122,13 @@ def test_a_tampered_neo_journal_diverges(tmp_path):
 
 
 def test_run_policy_neo_writes_what_validate_replays(tmp_path):
-    """`dualpace-hw run --policy neo` beside the other two policies: records, summary and
-    journal, and the replay check of `dualpace-sim validate` passes on all three."""
+    """`dualpace-hw run --policy neo` beside vLLM: records, summary and journal, and the
+    replay check of `dualpace-sim validate` passes on both."""
     path = neo_scenario(tmp_path, ("dualpace", "vllm", "neo"))
     out = tmp_path / "real"
     cmd = [sys.executable, "-c", "from dualpace_hw.cli import main; main()", "run", str(path),
-           "--out", str(out), "--device", "cpu", "--policy", "neo", "--policy", "vllm"]
+           "--out", str(out), "--device", "cpu", "--policy", "neo", "--policy", "vllm",
+           "--cpu-cores", "1"]  # NEO's CPU attention on core 0, its engine's threads off it
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "neo: completed=10/10" in done.stdout
@@ -136,6 +137,7 @@ def test_run_policy_neo_writes_what_validate_replays(tmp_path):
     neo = summary[0]
     assert neo["real"] and neo["completed"] == neo["submitted"] == 10
     assert neo["engine"]["pipelined_iterations"] > 0 and neo["engine"]["cpu_decode_tokens"] > 0
+    assert neo["engine"]["launch_s"] == 0.0  # the scenario's, which the predictor used
     records = read_records(out / "requests.parquet")
     assert (records["n_tokens"] == records["max_tokens"]).all()
     assert Journal.read(out / JOURNAL_FILE.format(policy="neo")).entries
