@@ -18,14 +18,14 @@ from dataclasses import dataclass
 
 from dualpace_sim.core.journal import describe_neo
 from dualpace_sim.core.neo import NeoConfig, NeoPlan, NeoPredictor, NeoScheduler
-from dualpace_sim.trace_events import CPU_ENGINE, GPU_ENGINE, PCIE_D2H, PCIE_H2D
+from dualpace_sim.trace_events import CPU_ENGINE, GPU_ENGINE
 
 from .gpu_executor import GpuExecutor
 from .kv import PagedKVPool
 from .model import Model
 from .neo_executor import IterationTimes, NeoExecutor
 from .processes import on_cores
-from .runtime import Engines, GpuEngine, RunStats
+from .runtime import Engines, GpuEngine, RunStats, trace_swaps
 
 
 @dataclass
@@ -144,12 +144,7 @@ class NeoRuntime(Engines):
             forward_end = start_s + times.swap_s + times.forward_s
             self.slice(CPU_ENGINE, "CPU attention", start_s + times.swap_s, forward_end,
                        decodes=cpu, requests=[r.req_id for b in batches for r in b.cpu_decodes])
-        if plan.swap_outs:
-            self.slice(PCIE_D2H, "swap-out", start_s, end_s, blocks=plan.swap_out_blocks,
-                       requests=[r.req_id for r in plan.swap_outs])
-        if plan.swap_ins:
-            self.slice(PCIE_H2D, "swap-in", start_s, end_s, blocks=plan.swap_in_blocks,
-                       requests=[r.req_id for r in plan.swap_ins])
+        trace_swaps(self, plan, start_s, end_s)
 
 
 def _pairs(moved: list, held: dict[int, list[int]]) -> tuple[list[int], list[int]]:

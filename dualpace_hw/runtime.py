@@ -557,6 +557,12 @@ def _trace_gpu_round(engines: Engines, plan, start_s: float, end_s: float) -> No
                       prefills=[c.req.req_id for c in plan.prefills if not c.to_cpu])
     else:
         engines.slice(GPU_ENGINE, "wait for swaps", start_s, end_s)
+    trace_swaps(engines, plan, start_s, end_s)
+
+
+def trace_swaps(engines: Engines, plan, start_s: float, end_s: float) -> None:
+    """A round's swaps (a GpuPlan's or a NeoPlan's) on the link's tracks, issue to
+    completion."""
     if plan.swap_outs:
         engines.slice(PCIE_D2H, "swap-out", start_s, end_s, blocks=plan.swap_out_blocks,
                       requests=[r.req_id for r in plan.swap_outs])

@@ -13,7 +13,6 @@ import threading
 import pytest
 import yaml
 
-from dualpace_hw.model import Model, ModelWeights
 from dualpace_hw.neo_executor import CpuAttention, NeoExecutor
 from dualpace_hw.serve import build_runtime
 from dualpace_sim.core import Owner
@@ -23,7 +22,7 @@ from dualpace_sim.replay import replay, replay_run
 from dualpace_sim.scenario import load_scenario
 
 from .scenarios import tiny_scenario
-from .test_runtime import reference_tokens
+from .test_runtime import check_reference_tokens
 
 
 def neo_scenario(tmp_path, policies=("neo",), **neo) -> object:
@@ -42,14 +41,7 @@ def test_neo_serves_every_request_the_reference_tokens_through_its_pipeline(tmp_
     loaded = load_scenario(neo_scenario(tmp_path))
     runtime = build_runtime(loaded, "neo", "cpu", None)
     requests = runtime.serve()
-    model = Model(loaded.profile.model, ModelWeights.random(loaded.profile.model, seed=0))
-    owners = b""
-    for r in requests:
-        ids = runtime.tokens.ids(r.req_id)
-        assert r.generated == r.max_tokens == len(ids) - r.prompt_tokens
-        assert ids[r.prompt_tokens:] == reference_tokens(model, ids[:r.prompt_tokens],
-                                                         r.max_tokens), r.req_id
-        owners += bytes(r.token_owners)
+    owners = check_reference_tokens(loaded, runtime, requests)
     st = runtime.stats
     assert owners.count(Owner.CPU) == st.cpu_decode_tokens > 0, "CPU attention decoded some"
     assert 0 < st.pipelined_iterations < st.gpu_rounds, "pipelined and GPU-only iterations"

@@ -51,10 +51,10 @@ def reference_tokens(model: Model, prompt: list[int], n: int) -> list[int]:
     return ids[len(prompt):]
 
 
-def serve_and_check_reference(loaded, runtime, assists: bool,
-                              dtype: torch.dtype = torch.bfloat16) -> None:
-    """Every request gets exactly the greedy tokens of a dense forward, some from the CPU."""
-    requests = runtime.serve()
+def check_reference_tokens(loaded, runtime, requests, dtype: torch.dtype = torch.bfloat16
+                           ) -> bytes:
+    """Every request has all its tokens, exactly the greedy ones of a dense forward; returns
+    the owners of all of them."""
     model = Model(loaded.profile.model,
                   ModelWeights.random(loaded.profile.model, seed=0, dtype=dtype))
     owners = b""
@@ -64,6 +64,13 @@ def serve_and_check_reference(loaded, runtime, assists: bool,
         assert ids[r.prompt_tokens:] == reference_tokens(model, ids[:r.prompt_tokens],
                                                          r.max_tokens), r.req_id
         owners += bytes(r.token_owners)
+    return owners
+
+
+def serve_and_check_reference(loaded, runtime, assists: bool,
+                              dtype: torch.dtype = torch.bfloat16) -> None:
+    """Every request gets exactly the greedy tokens of a dense forward, some from the CPU."""
+    owners = check_reference_tokens(loaded, runtime, runtime.serve(), dtype)
     assert Owner.CPU in owners, "the CPU engine decoded some tokens"
     if assists:
         assert runtime.stats.assist_calls > 0
