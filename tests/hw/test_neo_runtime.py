@@ -8,12 +8,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 
 import pytest
 import yaml
 
-from dualpace_hw.neo_executor import CpuAttention, NeoExecutor
 from dualpace_hw.serve import build_runtime
 from dualpace_sim.core import Owner
 from dualpace_sim.core.journal import JOURNAL_FILE, Journal
@@ -58,47 +56,6 @@ def test_neo_serves_every_request_the_reference_tokens_through_its_pipeline(tmp_
     report = replay(runtime.journal, loaded, "neo", records_frame(requests, "neo"))
     assert report.ok and report.records_match, report.line()
     assert report.plans == len([e for e in runtime.journal.entries if e.call == "schedule"])
-
-
-def test_one_sub_batchs_cpu_attention_runs_under_the_others_gpu_work(tmp_path, monkeypatch):
-    """NEO's overlap, in order rather than timing: the CPU attention of sub-batch 1 at layer
-    i waits until sub-batch 0's post-attention of layer i has been issued, and sub-batch 0's
-    at layer i + 1 until sub-batch 1's of layer i has; an executor that waited for a CPU job
-    before issuing the other sub-batch's GPU work would time out here."""
-    lock = threading.Lock()
-    issued: dict[tuple[int, int], threading.Event] = {}
-    part_of: dict[int, int] = {}
-    overlapped: list[bool] = []
-
-    def event(key):
-        with lock:
-            return issued.setdefault(key, threading.Event())
-
-    real_qkv, real_post, real_run = NeoExecutor._qkv, NeoExecutor._post, CpuAttention._run
-
-    def qkv(self, layer, p, index, waits):
-        if p.cpu is not None:
-            part_of[id(p.cpu)] = index
-        real_qkv(self, layer, p, index, waits)
-
-    def post(self, layer, p, index):
-        real_post(self, layer, p, index)
-        event((layer, index)).set()
-
-    def run(self, layer, rows, q, k, v, ready):
-        other = (layer, 0) if part_of[id(rows)] == 1 else (layer - 1, 1)
-        if other[0] >= 0:
-            overlapped.append(event(other).wait(10.0))
-        return real_run(self, layer, rows, q, k, v, ready)
-
-    monkeypatch.setattr(NeoExecutor, "_qkv", qkv)
-    monkeypatch.setattr(NeoExecutor, "_post", post)
-    monkeypatch.setattr(CpuAttention, "_run", run)
-    loaded = load_scenario(neo_scenario(tmp_path))
-    runtime = build_runtime(loaded, "neo", "cpu", None)
-    runtime.serve()
-    assert runtime.stats.pipelined_iterations > 0
-    assert overlapped and all(overlapped), f"{overlapped.count(False)} CPU jobs ran alone"
 
 
 def test_a_tampered_neo_journal_diverges(tmp_path):
