@@ -70,6 +70,7 @@ def test_neo_iterations_sample_the_dense_forwards_tokens(device):
     tokens, _ = ex.iterate(plan, (old, r1.blocks[: len(old)]), ([], []))
     check_and_apply(box, tokens, 3.0)
     ex.close()
+    assert not box.pool.data[:, :, -1].any(), "a CPU decode's K/V went into HBM (slot -1)"
     shape = box.shape
     rows = 2 + 4  # CPU decodes over the two pipelined iterations
     assert ex.link.to_host_bytes == rows * shape.n_layers * 4 * (shape.q_dim + 2 * shape.kv_dim)
