@@ -38,7 +38,7 @@ from dualpace_hw.cpu_worker import CpuEngineProcess
 from dualpace_hw.gpu_executor import GpuExecutor
 from dualpace_hw.kv import PagedKVPool
 from dualpace_hw.model import Model, ModelWeights
-from dualpace_hw.runtime import AssistServer, _Engines
+from dualpace_hw.runtime import AssistServer, Engines
 from dualpace_hw.tokens import TokenStore
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs import CostModel
@@ -68,7 +68,7 @@ class Server:
     """A thread serving Dense Assists the moment they are published (no stage-boundary wait)."""
 
     def __init__(self, engine: CpuEngineProcess, ex: GpuExecutor, vocab: int) -> None:
-        self.server = AssistServer(engine.assist, _Engines([], 16, vocab))
+        self.server = AssistServer(engine.assist, Engines([], 16, vocab))
         self.ex = ex
 
     def _loop(self) -> None:

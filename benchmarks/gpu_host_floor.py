@@ -41,7 +41,7 @@ from dualpace_hw.migrate import CopyGroup
 from dualpace_hw.model import Model, ModelWeights
 from dualpace_hw.processes import on_cores
 from dualpace_hw.profiler.measure import small_mixed_plan
-from dualpace_hw.runtime import AssistServer, _Engines
+from dualpace_hw.runtime import AssistServer, Engines
 from dualpace_hw.tokens import TokenStore
 from dualpace_sim.costs import CostModel
 
@@ -103,7 +103,7 @@ def main() -> None:
     engine = CpuEngineProcess(weights, shape, 64, bs, max_rows=8, cores=engine_cores)
     try:
         ex = GpuExecutor(model, pool, tokens, engine.host_pool, cuda_graphs=False)
-        server = AssistServer(engine.assist, _Engines([], bs, shape.vocab_size))
+        server = AssistServer(engine.assist, Engines([], bs, shape.vocab_size))
 
         def dualpace_round() -> None:
             fw = ex.stages(plan)

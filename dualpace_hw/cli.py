@@ -120,7 +120,8 @@ def run(
         "--device", "--gpu-device", help="the GPU engine's device: 'cuda', or 'cpu' for tests "
                                          "(--gpu-device: the same, as `profile` once named "
                                          "it)")] = "cuda",
-    cpu_cores: Annotated[int | None, typer.Option(help="cores for the CPU engine")] = None,
+    cpu_cores: Annotated[int | None, typer.Option(
+        help="cores for the CPU engine (NEO: for its CPU attention's threads)")] = None,
     cpu_tp: Annotated[int, typer.Option(
         min=1, help="CPU tensor-parallel ranks (processes over Gloo, splitting the heads and "
                     "the cores)")] = 1,
@@ -140,8 +141,8 @@ def run(
                             "model (default: seeded random weights; timing does not depend on "
                             "values)")] = None,
 ) -> None:
-    """Replay SCENARIO's workload in real time against the real runtime (DualPace and vLLM;
-    NEO is simulated only) and write what `dualpace-sim run` writes."""
+    """Replay SCENARIO's workload in real time against the real runtime (DualPace, vLLM and
+    NEO, each on the runtime's executors) and write what `dualpace-sim run` writes."""
     from dualpace_sim.scenario import ScenarioError, load_scenario
 
     from .arguments import (
@@ -168,7 +169,7 @@ def run(
         _fail(str(e))
     try:
         loaded = load_scenario(scenario)
-        if "dualpace" in (policy or loaded.spec.policies):  # the one with a host pool
+        if {"dualpace", "neo"} & set(policy or loaded.spec.policies):  # host pools
             check_host_kv(loaded.config.host_kv_blocks, loaded.config.block_size,
                           loaded.profile.model, str(scenario))
         weights = None if checkpoint is None else open_checkpoint(checkpoint, loaded)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -72,6 +72,7 @@ class Batch:
     sample_req_ids: list[int]
     gpu_blocks: set[int] = field(default_factory=set)  # HBM blocks read or written
     swapped_in: bool = False  # a decode was swapped in this round
+    n_ext: int = 0  # trailing decode rows whose attention is computed elsewhere (NEO's CPU)
     cos: torch.Tensor | None = None  # [T, hd/2] fp32 (fused path)
     sin: torch.Tensor | None = None
 
@@ -95,6 +96,7 @@ class _Flat:
     sample_ids: list[int] = field(default_factory=list)
     gpu_blocks: set[int] = field(default_factory=set)
     swapped_in: bool = False
+    n_ext: int = 0
 
 
 class _State:
@@ -225,7 +227,7 @@ class GpuExecutor:
 
     # ================================================================== prepare
 
-    def _flatten(self, plan: GpuPlan) -> _Flat:
+    def _flatten(self, plan: GpuPlan, external: Sequence[Request] = ()) -> _Flat:
         bs = self.pool.block_size
         f = _Flat()
         for r in plan.decodes:
@@ -267,13 +269,28 @@ class GpuExecutor:
                 f.sample_rows.append(len(f.ids) - 1)
                 f.sample_ids.append(r.req_id)
             f.chunks.append(ch)
+        for r in external:  # no HBM slot: their K/V and attention live elsewhere
+            p = r.prompt_tokens + r.generated - 1
+            toks = self.tokens.ids(r.req_id)
+            if len(toks) != p + 1:
+                raise ValueError(f"request {r.req_id}: the token store holds {len(toks)} ids, "
+                                 f"the core counts {p + 1}")
+            f.sample_rows.append(len(f.ids))
+            f.sample_ids.append(r.req_id)
+            f.ids.append(toks[p])
+            f.pos.append(p)
+            f.slots.append(-1)
+            f.n_ext += 1
         swapped = {id(r) for r in plan.swap_ins}
         f.swapped_in = any(id(r) in swapped for r in plan.decodes)
         return f
 
-    def prepare(self, plan: GpuPlan) -> Batch:
-        """Flatten a plan (after the core's commit) into tensors on the model's device."""
-        return self._tensors(self._flatten(plan))
+    def prepare(self, plan: GpuPlan, external: Sequence[Request] = ()) -> Batch:
+        """Flatten a plan (after the core's commit) into tensors on the model's device.
+        `external` decodes become rows after the plan's whose attention the caller computes
+        (NEO's CPU decodes): `qkv` gives their q, k and v and stores nothing for them in HBM,
+        `gpu_attention` leaves their output rows to the caller, and they are sampled."""
+        return self._tensors(self._flatten(plan, external))
 
     def _tensors(self, f: _Flat) -> Batch:
         dev, bs = self.device, self.pool.block_size
@@ -300,6 +317,7 @@ class GpuExecutor:
             sample_req_ids=f.sample_ids,
             gpu_blocks=f.gpu_blocks,
             swapped_in=f.swapped_in,
+            n_ext=f.n_ext,
         )
 
     # ================================================================ migrations
@@ -515,6 +533,34 @@ class GpuExecutor:
         fns.append(lambda: self._post_layer(b, st))
         return fns
 
+    # ============================================ a layer in parts (NEO's pipeline)
+
+    def embed(self, b: Batch) -> torch.Tensor:
+        """The pre-layer of a prepared batch: its hidden states [T, hidden]."""
+        st = _State()
+        self._pre_layer(b, st)
+        return st.hidden
+
+    def qkv(self, layer: int, h: torch.Tensor, b: Batch
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A layer's pre-attention stage: q [T, heads, hd], k and v [T, kv_heads, hd], the
+        K/V of the batch's GPU rows stored into the HBM pages."""
+        return self._pre_attn(layer, h, b)
+
+    def gpu_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      b: Batch, copies: CopyGroup) -> torch.Tensor:
+        """A layer's attention of the batch's GPU rows ([T, heads, hd]; the external rows are
+        left for the caller to fill), Prefill-to-CPU pages issued into `copies`."""
+        return self._attention(layer, q, k, v, b, copies)
+
+    def post_attention(self, layer: int, o: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """A layer's post-attention stage: the next hidden states."""
+        return self._post_attn(layer, o.view(o.shape[0], -1), h)
+
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The post-layer of sampled rows' hidden states: their greedy token ids."""
+        return greedy(self.model.post_layer(hidden))
+
     def _pre_layer(self, b: Batch, st: _State) -> None:
         st.hidden = self.model.pre_layer(b.ids)
         if self.fused:
@@ -549,7 +595,7 @@ class GpuExecutor:
             v = qkv[:, s.q_dim + s.kv_dim:].view(-1, s.n_kv_heads, s.head_dim)
             return q, k, v
         q, k, v = self.model.pre_attn(layer, h, b.positions)
-        if any(c.to_cpu for c in b.chunks):
+        if b.n_ext or any(c.to_cpu for c in b.chunks):
             keep = b.slots >= 0
             self.pool.write(layer, b.slots[keep], k[keep], v[keep])
         else:

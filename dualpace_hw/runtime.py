@@ -128,7 +128,7 @@ class AssistServer:
 
     _METHODS = {"p": "assist_post_attn", "lA": "assist_fused_final", "lS": "assist_post_layer"}
 
-    def __init__(self, block: AssistBlock, engines: _Engines) -> None:
+    def __init__(self, block: AssistBlock, engines: Engines) -> None:
         self.block = block
         self.engines = engines  # for the clock and the timeline trace
         self.calls = 0
@@ -205,7 +205,7 @@ def prompt_ids(req_id: int, n: int, vocab: int) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=g).tolist()
 
 
-class _Engines:
+class Engines:
     """Shared plumbing: clock, lock, wake-ups, stop, failure propagation, arrivals, journal."""
 
     def __init__(self, specs: Sequence, block_size: int, vocab: int) -> None:
@@ -393,7 +393,7 @@ class _Engines:
         return self.requests
 
 
-class DualPaceRuntime(_Engines):
+class DualPaceRuntime(Engines):
     """GPU engine + CPU engine over the shared core state.
 
     The runtime owns `cpu_engine` (the CPU engine's process and the shared host KV pool) from
@@ -545,7 +545,7 @@ class DualPaceRuntime(_Engines):
                     self.tokens.append(req_id, tok)
                 self.work.notify_all()
 
-def _trace_gpu_round(engines: _Engines, plan, start_s: float, end_s: float) -> None:
+def _trace_gpu_round(engines: Engines, plan, start_s: float, end_s: float) -> None:
     """A GPU round's slices: the forward (or migration-only round) on the GPU engine's track,
     and its swaps on the link's tracks (issue to completion, as the engine waited on them)."""
     if engines.trace is None:
@@ -557,6 +557,12 @@ def _trace_gpu_round(engines: _Engines, plan, start_s: float, end_s: float) -> N
                       prefills=[c.req.req_id for c in plan.prefills if not c.to_cpu])
     else:
         engines.slice(GPU_ENGINE, "wait for swaps", start_s, end_s)
+    trace_swaps(engines, plan, start_s, end_s)
+
+
+def trace_swaps(engines: Engines, plan, start_s: float, end_s: float) -> None:
+    """A round's swaps (a GpuPlan's or a NeoPlan's) on the link's tracks, issue to
+    completion."""
     if plan.swap_outs:
         engines.slice(PCIE_D2H, "swap-out", start_s, end_s, blocks=plan.swap_out_blocks,
                       requests=[r.req_id for r in plan.swap_outs])
@@ -565,7 +571,7 @@ def _trace_gpu_round(engines: _Engines, plan, start_s: float, end_s: float) -> N
                       requests=[r.req_id for r in plan.swap_ins])
 
 
-class VllmRuntime(_Engines):
+class VllmRuntime(Engines):
     """vLLM's single GPU engine on the same executor."""
 
     def __init__(self, specs: Sequence, config: VllmConfig, gpu: GpuEngine) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from dualpace_sim.core.journal import JOURNAL_FILE
 from dualpace_sim.costs.calibrate import ASSISTS_FILE, write_assist_calls
+from dualpace_sim.costs.neo_tables import NeoTables
 from dualpace_sim.costs.shapes import ModelShape
 from dualpace_sim.metrics import summarize
 from dualpace_sim.outputs import write_json
@@ -27,10 +28,11 @@ from dualpace_sim.validate import RUN_PROFILE
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .cpu_worker import CpuEngineProcess
 from .model import ModelWeights
+from .neo_runtime import NeoRuntime
 from .runtime import DualPaceRuntime, EngineFailure, GpuEngine, VllmRuntime
 from .tp import shard_shape
 
-REAL_POLICIES = ("dualpace", "vllm")
+SERVED_POLICIES = ("dualpace", "vllm")  # behind `dualpace-hw serve`
 
 
 @contextlib.contextmanager
@@ -58,6 +60,8 @@ def build_runtime(loaded: LoadedScenario, policy: str, device: str, cpu_cores: i
     The weights are seeded random, or the `checkpoint`'s; the requests are the scenario's
     workload, or `specs` (none: a server submits them).
     For DualPace this starts the CPU engine's process; the runtime stops it when it is done.
+    NEO decides with its tables over the scenario's profile (as the simulator's NEO does) and
+    runs its CPU attention on `cpu_cores` threads of the GPU engine's process.
     With `gpu_tp` > 1 the GPU engine is that many ranks (one GPU each; processes on the CPU
     device, for tests), each holding its heads of the scenario's HBM pool.
     `dtype` is the weights' and the KV pools' (float32 lets tests compare tokens exactly)."""
@@ -75,6 +79,9 @@ def build_runtime(loaded: LoadedScenario, policy: str, device: str, cpu_cores: i
     if policy == "vllm":
         return VllmRuntime(specs, config, gpu)
     cores = list(range(cpu_cores)) if cpu_cores else None
+    if policy == "neo":
+        return NeoRuntime(specs, config, NeoTables(loaded.cost, loaded.neo_launch_s), gpu,
+                          cores)
     cpu_engine = CpuEngineProcess(weights, shape, config.host_kv_blocks, config.block_size,
                                   max_rows=config.largest_cpu_batch, cores=cores, tp=cpu_tp,
                                   dtype=dtype)
@@ -162,9 +169,6 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
     summaries = []
     traces: list[TraceRecorder] = []
     for policy in policies or loaded.spec.policies:
-        if policy not in REAL_POLICIES:
-            print(f"{policy}: simulated only (the real runtime runs {', '.join(REAL_POLICIES)})")
-            continue
         runtime = build_runtime(loaded, policy, device, cpu_cores, cpu_tp=cpu_tp, gpu_tp=gpu_tp,
                                 checkpoint=checkpoint)
         if policy == "dualpace":
@@ -261,9 +265,9 @@ def serve_real(loaded: LoadedScenario, checkpoint_path: Path, out: Path, policy:
     from .http_server import create_app, run_server
     from .serving import EngineService
 
-    if policy not in REAL_POLICIES:
+    if policy not in SERVED_POLICIES:
         raise ValueError(f"--policy {policy}: the real runtime serves "
-                         f"{' or '.join(REAL_POLICIES)}")
+                         f"{' or '.join(SERVED_POLICIES)}")
     if policy not in loaded.spec.policies:
         raise ValueError(f"--policy {policy}: not in {loaded.path}'s policies "
                          f"({', '.join(loaded.spec.policies)}); add it there")

@@ -11,6 +11,7 @@ runtime's token times. A mismatch means the runtime decided something outside th
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,12 +26,15 @@ from .core.journal import (
     JournalError,
     describe_cpu,
     describe_gpu,
+    describe_neo,
 )
+from .core.neo import NeoScheduler
 from .core.vllm import VllmScheduler
+from .costs.neo_tables import NeoTables
 from .records import read_records, records_frame
 from .scenario import LoadedScenario
 
-REPLAYED_POLICIES = ("dualpace", "vllm")
+REPLAYED_POLICIES = ("dualpace", "vllm", "neo")
 
 
 @dataclass
@@ -88,11 +92,21 @@ class _DualPaceCalls:
         return None
 
 
-class _VllmCalls:
-    def __init__(self, loaded: LoadedScenario, requests: list[Request]) -> None:
+class _OneEngineCalls(ABC):
+    """A policy of one engine loop (vLLM, NEO): submit, schedule at the recorded time, apply."""
+
+    def __init__(self, sched, requests: list[Request]) -> None:
+        self.sched = sched
         self.requests = requests
-        self.sched = VllmScheduler(loaded.policy_config("vllm"))
         self.plan = None
+
+    @abstractmethod
+    def describe(self, plan) -> dict:
+        """The plan as the journal records it."""
+
+    @abstractmethod
+    def result(self, e: Entry):
+        """The apply entry as the scheduler's apply takes it."""
 
     def __call__(self, e: Entry) -> dict | None:
         match e.engine, e.call:
@@ -100,12 +114,40 @@ class _VllmCalls:
                 self.sched.submit(self.requests[e.data["req"]])
             case "gpu", "schedule":
                 self.plan = self.sched.schedule(e.t)
-                return describe_gpu(self.plan)
+                return self.describe(self.plan)
             case "gpu", "apply":
-                self.sched.apply(self.plan, GpuResult(e.t, e.data["tokens"]))
+                self.sched.apply(self.plan, self.result(e))
             case _:
                 raise ValueError(f"unknown journal call {e.engine}/{e.call}")
         return None
+
+
+class _VllmCalls(_OneEngineCalls):
+    def __init__(self, loaded: LoadedScenario, requests: list[Request]) -> None:
+        super().__init__(VllmScheduler(loaded.policy_config("vllm")), requests)
+
+    def describe(self, plan) -> dict:
+        return describe_gpu(plan)
+
+    def result(self, e: Entry) -> GpuResult:
+        return GpuResult(e.t, e.data["tokens"])
+
+
+class _NeoCalls(_OneEngineCalls):
+    """NEO decides with the same tables over the same profile as the run did."""
+
+    def __init__(self, loaded: LoadedScenario, requests: list[Request]) -> None:
+        super().__init__(NeoScheduler(loaded.policy_config("neo"),
+                                      NeoTables(loaded.cost, loaded.neo_launch_s)), requests)
+
+    def describe(self, plan) -> dict:
+        return describe_neo(plan)
+
+    def result(self, e: Entry) -> float:
+        return e.t
+
+
+_CALLS = {"dualpace": _DualPaceCalls, "vllm": _VllmCalls, "neo": _NeoCalls}
 
 
 def replay(journal: Journal, loaded: LoadedScenario, policy: str,
@@ -118,7 +160,7 @@ def replay(journal: Journal, loaded: LoadedScenario, policy: str,
     block_size = loaded.policy_config(policy).block_size
     requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, block_size)
                 for i, s in enumerate(loaded.requests)]
-    calls = (_DualPaceCalls if policy == "dualpace" else _VllmCalls)(loaded, requests)
+    calls = _CALLS[policy](loaded, requests)
     report = ReplayReport(policy)
     env = simpy.Environment()
 

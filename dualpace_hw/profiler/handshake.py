@@ -82,7 +82,7 @@ def measure_handshake(shape: ModelShape, ex: GpuExecutor, batches: Sequence[int]
 
     `ex` serves layer 0 (the profile's one decoder layer). The client runs on `client_cores`
     (the CPU engine's), this thread on `server_cores` while it serves."""
-    from ..runtime import AssistServer, _Engines  # the runtime's own server
+    from ..runtime import AssistServer, Engines  # the runtime's own server
 
     plan = tuple((kind, b) for kind in ASSIST_KINDS for b in batches)
     arena = SharedArena(SharedArena.bytes_for(
@@ -94,7 +94,7 @@ def measure_handshake(shape: ModelShape, ex: GpuExecutor, batches: Sequence[int]
             t.copy_(torch.randn(t.shape, dtype=t.dtype))
         if ex.cuda:
             arena.pin()
-        server = AssistServer(block, _Engines([], 16, shape.vocab_size))
+        server = AssistServer(block, Engines([], 16, shape.vocab_size))
         proc, conn = spawn(_client_main, _ClientSpec(
             arena.handle(), buffers, plan, warmups, repeats,
             tuple(client_cores) if client_cores else None), "dualpace-handshake")

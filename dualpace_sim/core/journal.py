@@ -16,6 +16,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .neo import NeoPlan
 from .plans import CpuPlan, GpuPlan
 
 JOURNAL_FILE = "journal-{policy}.jsonl.gz"  # gzip: a minute of serving is ~10^5 calls
@@ -37,6 +38,16 @@ def describe_gpu(plan: GpuPlan) -> dict:
 def describe_cpu(plan: CpuPlan) -> dict:
     return {"batch": _ids(plan.batch), "route": plan.route.value,
             "held_back": _ids(plan.held_back), "admitted": plan.admitted}
+
+
+def describe_neo(plan: NeoPlan) -> dict:
+    """A NEO iteration: its swaps and, per sub-batch (none, one GPU-only or two pipelined),
+    [GPU prefills, CPU prefills, GPU decodes, CPU decodes]."""
+    return {
+        "swap_outs": _ids(plan.swap_outs), "swap_ins": _ids(plan.swap_ins),
+        "batches": [[_ids(b.gpu_prefills), _ids(b.cpu_prefills), _ids(b.gpu_decodes),
+                     _ids(b.cpu_decodes)] for b in plan.batches],
+    }
 
 
 @dataclass(slots=True)

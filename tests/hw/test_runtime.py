@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from dualpace_hw.cli import app
 from dualpace_hw.cpu_worker import AssistBlock, WorkerStopped
 from dualpace_hw.model import Model, ModelWeights, greedy
-from dualpace_hw.runtime import AssistServer, EngineFailure, _Engines
+from dualpace_hw.runtime import AssistServer, EngineFailure, Engines
 from dualpace_hw.serve import build_runtime, run_real
 from dualpace_hw.shm import SharedArena
 from dualpace_sim.core import Owner
@@ -51,10 +51,10 @@ def reference_tokens(model: Model, prompt: list[int], n: int) -> list[int]:
     return ids[len(prompt):]
 
 
-def serve_and_check_reference(loaded, runtime, assists: bool,
-                              dtype: torch.dtype = torch.bfloat16) -> None:
-    """Every request gets exactly the greedy tokens of a dense forward, some from the CPU."""
-    requests = runtime.serve()
+def check_reference_tokens(loaded, runtime, requests, dtype: torch.dtype = torch.bfloat16
+                           ) -> bytes:
+    """Every request has all its tokens, exactly the greedy ones of a dense forward; returns
+    the owners of all of them."""
     model = Model(loaded.profile.model,
                   ModelWeights.random(loaded.profile.model, seed=0, dtype=dtype))
     owners = b""
@@ -64,6 +64,13 @@ def serve_and_check_reference(loaded, runtime, assists: bool,
         assert ids[r.prompt_tokens:] == reference_tokens(model, ids[:r.prompt_tokens],
                                                          r.max_tokens), r.req_id
         owners += bytes(r.token_owners)
+    return owners
+
+
+def serve_and_check_reference(loaded, runtime, assists: bool,
+                              dtype: torch.dtype = torch.bfloat16) -> None:
+    """Every request gets exactly the greedy tokens of a dense forward, some from the CPU."""
+    owners = check_reference_tokens(loaded, runtime, runtime.serve(), dtype)
     assert Owner.CPU in owners, "the CPU engine decoded some tokens"
     if assists:
         assert runtime.stats.assist_calls > 0
@@ -167,12 +174,11 @@ def test_run_command_writes_what_the_simulator_writes(tmp_path):
     result = CliRunner().invoke(app, ["run", str(path), "--out", str(out), "--device", "cpu",
                                       "--trace-events", str(out / "trace.json")])
     assert result.exit_code == 0, result.output
-    assert "neo: simulated only" in result.output
     summary = json.loads((out / "summary.json").read_text())
-    assert [s["policy"] for s in summary] == ["dualpace", "vllm"]
+    assert [s["policy"] for s in summary] == ["dualpace", "vllm", "neo"]
     assert all(s["completed"] == s["submitted"] == 10 and s["real"] for s in summary)
     records = read_records(out / "requests.parquet")
-    assert set(records["policy"]) == {"dualpace", "vllm"}
+    assert set(records["policy"]) == {"dualpace", "vllm", "neo"}
     assert (records["n_tokens"] == records["max_tokens"]).all()
     assert (out / "timeline.png").exists()
     check_real_trace(out / "trace.json", summary)
@@ -235,7 +241,7 @@ def test_assist_block_hands_off_at_a_boundary_and_lets_go_on_stop():
                                                ((2, 4), torch.float32), ((2, 4), torch.float32),
                                                ((2,), torch.int64))]
     block = AssistBlock(*views)
-    server = AssistServer(block, _Engines([], 16, 8))
+    server = AssistServer(block, Engines([], 16, 8))
 
     class FakeGpu:
         cuda = False

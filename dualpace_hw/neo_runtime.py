@@ -1,0 +1,159 @@
+"""NEO on the real runtime: the shared core's NEO scheduler driving the runtime's executors.
+
+One engine thread, as NEO has one engine loop (swiftllm/server/engine.py): schedule (the core's
+`NeoScheduler.schedule`, which commits too) -> swaps and the forward of its one or two
+sub-batches (`neo_executor.NeoExecutor`) -> apply, every request of the iteration getting one
+token. CPU-resident requests advance only inside GPU iterations, their attention run on a
+thread of this process (NEO's CPU attention is in its engine's process too), never in an
+independent CPU engine. The predictor it decides with is `NeoTables` over the scenario's
+profile, as in the simulator, so the journal replays through a fresh `NeoScheduler` to the
+same plans.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dualpace_sim.core.journal import describe_neo
+from dualpace_sim.core.neo import NeoConfig, NeoPlan, NeoPredictor, NeoScheduler
+from dualpace_sim.trace_events import CPU_ENGINE, GPU_ENGINE
+
+from .gpu_executor import GpuExecutor
+from .kv import PagedKVPool
+from .model import Model
+from .neo_executor import IterationTimes, NeoExecutor
+from .processes import on_cores
+from .runtime import Engines, GpuEngine, RunStats, trace_swaps
+
+
+@dataclass
+class NeoRunStats(RunStats):
+    launch_s: float = 0.0  # the lnch_T NEO's predictor decided with (per layer)
+    pipelined_iterations: int = 0  # iterations of two sub-batches (the rest: GPU-only)
+    swap_outs: int = 0  # requests moved GPU -> host
+    swap_ins: int = 0  # requests moved host -> GPU
+    prefills_to_cpu: int = 0  # prompts computed on the GPU, their KV written to the host
+    cpu_decode_tokens: int = 0  # tokens decoded with CPU attention
+    activations_to_host_bytes: int = 0  # CPU decodes' q/k/v, every layer
+    activations_to_gpu_bytes: int = 0  # their attention outputs back
+    swap_issue_s: float = 0.0  # issuing swaps (the GPU waits for them on its stream)
+    copies_wait_s: float = 0.0  # after the forward, until CPU prefills' pages landed
+
+
+class NeoRuntime(Engines):
+    """NEO's one engine loop over an HBM pool, a pinned host pool and a CPU attention thread
+    (on `cores` when given)."""
+
+    def __init__(self, specs: Sequence, config: NeoConfig, predictor: NeoPredictor,
+                 gpu: GpuEngine, cores: list[int] | None = None) -> None:
+        if gpu.tensor_parallel != 1:
+            raise ValueError("--gpu-tp: the real NEO runs on one GPU (NEO's pipeline is "
+                             "written for one); run it with --gpu-tp 1")
+        super().__init__(specs, config.block_size, gpu.shape.vocab_size)
+        self.sched = NeoScheduler(config, predictor)
+        self.stats = NeoRunStats(launch_s=predictor.lnch_T)
+        device = gpu.weights.embed.device
+        pool = PagedKVPool(gpu.shape, config.gpu_kv_blocks, config.block_size, device=device,
+                           dtype=gpu.dtype)
+        host = PagedKVPool(gpu.shape, config.host_kv_blocks, config.block_size, device="cpu",
+                           pin_memory=True, dtype=gpu.dtype)
+        # eager, as SwiftLLM runs (no CUDA graphs)
+        self.gpu = GpuExecutor(Model(gpu.shape, gpu.weights), pool, self.tokens, host,
+                               cuda_graphs=False)
+        self.neo = NeoExecutor(self.gpu, cores)
+        self.cores = cores
+
+    def serve(self):
+        """Run the workload; the engine's own threads keep off the CPU attention's cores."""
+        try:
+            with on_cores(self._own_cores(set(self.cores) if self.cores else None)):
+                return self.run({"GPU": self._loop}, self.sched.submit,
+                                lambda: self.sched.finished)
+        finally:
+            self.stats.cpu_busy_s = self.neo.cpu.busy_s
+            self.stats.activations_to_host_bytes = self.neo.link.to_host_bytes
+            self.stats.activations_to_gpu_bytes = self.neo.link.to_gpu_bytes
+            self.neo.close()
+
+    def queue_lengths(self) -> dict[str, int]:
+        """NEO's queues (the caller holds the lock)."""
+        s = self.sched
+        return {"waiting": len(s.waiting), "gpu_decoding": len(s.gpu_q),
+                "cpu_decoding": len(s.cpu_q)}
+
+    def pool_occupancy(self) -> dict[str, tuple[int, int]]:
+        """(used, capacity) blocks of each KV pool (the caller holds the lock)."""
+        s = self.sched
+        return {"hbm": (s.hbm.used, s.hbm.capacity), "host": (s.host.used, s.host.capacity)}
+
+    def _loop(self) -> None:
+        sched = self.sched
+        while not self.stop.is_set():
+            with self.work:
+                # the block lists the commit replaces: swaps copy from their old ids
+                held = {r.req_id: r.blocks for q in (sched.gpu_q, sched.cpu_q) for r in q}
+                now = self.now()
+                plan = sched.schedule(now)
+                self.journal.record(now, "gpu", "schedule", plan=describe_neo(plan))
+                if plan.is_empty:  # (the scenario's check refused what could stall here)
+                    self.work.wait(0.01)
+                    continue
+            swap_out = _pairs(plan.swap_outs, held)
+            swap_in = _pairs(plan.swap_ins, held)
+            start, t0 = time.perf_counter(), self.now()
+            tokens, times = self.neo.iterate(plan, swap_out, swap_in)
+            self.stats.gpu_busy_s += time.perf_counter() - start
+            self._count(plan, times)
+            self._trace(plan, times, t0, self.now())
+            if not plan.batches:
+                continue
+            with self.work:
+                sched.apply(plan, self.record("gpu", "apply", tokens=tokens))
+                for req_id, tok in tokens.items():
+                    self.tokens.append(req_id, tok)
+
+    def _count(self, plan: NeoPlan, times: IterationTimes) -> None:
+        st = self.stats
+        st.swap_outs += len(plan.swap_outs)
+        st.swap_ins += len(plan.swap_ins)
+        st.swap_issue_s += times.swap_s
+        st.copies_wait_s += times.copies_s
+        if not plan.batches:
+            return
+        st.gpu_rounds += 1
+        st.pipelined_iterations += plan.pipelined
+        st.prefills_to_cpu += sum(len(b.cpu_prefills) for b in plan.batches)
+        n_cpu = sum(len(b.cpu_decodes) for b in plan.batches)
+        st.cpu_decode_tokens += n_cpu
+        st.cpu_rounds += n_cpu > 0
+
+    def _trace(self, plan: NeoPlan, times: IterationTimes, start_s: float,
+               end_s: float) -> None:
+        """The iteration on the GPU engine's track, its CPU attention beside it (inside every
+        layer, so one slice spans the forward), its swaps on the link's tracks."""
+        if self.trace is None:
+            return
+        batches = plan.batches
+        cpu = tuple(len(b.cpu_decodes) for b in batches)
+        self.slice(GPU_ENGINE, "iteration" if batches else "swaps", start_s, end_s,
+                   pipelined=plan.pipelined, rows=tuple(times.sub_batches), cpu_decodes=cpu,
+                   cpu_prefills=[r.req_id for b in batches for r in b.cpu_prefills])
+        if any(cpu):
+            forward_end = start_s + times.swap_s + times.forward_s
+            self.slice(CPU_ENGINE, "CPU attention", start_s + times.swap_s, forward_end,
+                       decodes=cpu, requests=[r.req_id for b in batches for r in b.cpu_decodes])
+        trace_swaps(self, plan, start_s, end_s)
+
+
+def _pairs(moved: list, held: dict[int, list[int]]) -> tuple[list[int], list[int]]:
+    """(source blocks, destination blocks) of swapped requests, pairwise: each request's old
+    block list (its source tier's ids) against the first as many of its new ones."""
+    src: list[int] = []
+    dst: list[int] = []
+    for r in moved:
+        old = held[r.req_id]
+        src.extend(old)
+        dst.extend(r.blocks[: len(old)])
+    return src, dst
