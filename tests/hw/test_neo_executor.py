@@ -32,7 +32,7 @@ def check_and_apply(box: Box, tokens: dict[int, int], t: float) -> None:
     for req_id, tok in tokens.items():
         ids = box.tokens.ids(req_id)
         assert tok == int(greedy(dense_logits(box.model, ids)[-1:])[0]), req_id
-        box.reqs[req_id].emit(t, Owner.GPU)
+        box.reqs[req_id].emit(t, Owner.GPU, box.rounds)
         box.tokens.append(req_id, tok)
 
 
