@@ -216,6 +216,12 @@ FIELD_CASES = [
      "workload", "scheduler.gpu_kv_blocks"),
     ("prompt beyond NEO's batch", {"policies": ["neo"], "neo": {"max_tokens_in_batch": 4}},
      "workload", "neo.max_tokens_in_batch"),
+    ("NEO host pool no larger than HBM", {"policies": ["neo"], "scheduler": {
+        "gpu_kv_blocks": 4096, "host_kv_blocks": 2048}}, "scheduler",
+     "NEO needs a host KV pool larger than the HBM pool.*scheduler.host_kv_blocks above 4096"),
+    ("shared budget of an absent policy", {"shared_gpu_budget": "neo"}, "", "not one of the "
+                                                                              "policies"),
+    ("shared budget unknown", {"shared_gpu_budget": "sglang"}, "shared_gpu_budget", "sglang"),
 ]
 
 CASES = [Case(f"scenario field: {name}", run_with(**fields), "{tmp}/s.yaml",
