@@ -38,9 +38,15 @@ KEYS = {"fixed": STATISTICS, "uniform": ("min", "max", *STATISTICS),
 
 
 class LengthDistribution(BaseModel):
-    """A length distribution and the statistics it is fitted to; the module docstring of
-    `dualpace_sim/workload/distributions.py` lists what each family takes. P99 is the 99th
-    percentile."""
+    """A length distribution and the statistics it is fitted to, checked when the scenario is
+    read. `fixed`: every length the same; one of mean, median, p99. `uniform`: uniform between
+    a low and a high length; two of min, max, mean or median (they coincide) and p99.
+    `lognormal`: exp(mu + sigma Z); two of mean, median, p99 and sigma (given mean and p99, the
+    lighter-tailed of the two lognormals that have them). `zipf`: the lengths min..max with
+    P(min + k) proportional to (k + 1)^-theta, so the shortest are the commonest and the tail is
+    a power law cut at max; max, and theta or one of mean, median, p99 (theta is then fitted).
+    P99 is the 99th percentile. Lengths are rounded to whole tokens, at least 1. Example:
+    `{distribution: lognormal, mean: 1599, p99: 8000}`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # `true` is no count
 
