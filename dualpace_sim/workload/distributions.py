@@ -32,6 +32,9 @@ from scipy import special
 
 P99_Z = float(special.ndtri(0.99))  # the standard normal's 99th percentile, 2.326
 MAX_LENGTH = 1_000_000  # zipf tabulates its support; longer prompts are no real workload
+# A lognormal's far tail can exceed any integer; a draw is capped here so that it stays a count,
+# which the scenario's fit checks then refuse with the clipping keys to set.
+MAX_DRAW = float(2**40)
 STATISTICS = ("mean", "median", "p99")
 KEYS = {"fixed": STATISTICS, "uniform": ("min", "max", *STATISTICS),
         "lognormal": (*STATISTICS, "sigma"), "zipf": ("min", "max", "theta", *STATISTICS)}
@@ -151,8 +154,8 @@ def fit(spec: LengthDistribution) -> Fitted:
 
 def draw_lengths(spec: LengthDistribution, n: int, rng: np.random.Generator) -> np.ndarray:
     """``n`` token counts drawn from ``spec``'s fitted distribution: one uniform each through its
-    quantile function, rounded to the nearest integer, at least 1."""
-    values = fit(spec).ppf(rng.random(n))
+    quantile function, rounded to the nearest integer, at least 1 (and at most 2^40)."""
+    values = np.minimum(fit(spec).ppf(rng.random(n)), MAX_DRAW)
     return np.maximum(np.rint(values), 1).astype(np.int64)
 
 

@@ -62,6 +62,11 @@ def test_lognormal_mean_and_p99_picks_the_lighter_tail():
     assert math.exp(model.mu + model.sigma ** 2 / 2) == pytest.approx(1000)
 
 
+def test_the_far_tail_of_a_wide_lognormal_stays_a_token_count():
+    lengths = drawn(distribution="lognormal", median=1000, sigma=10.0)
+    assert lengths.min() >= 1 and lengths.max() == 2**40
+
+
 def test_a_seed_fixes_the_lengths_and_another_changes_them():
     spec = {"distribution": "lognormal", "median": 300, "sigma": 0.8}
     np.testing.assert_array_equal(drawn(3, **spec), drawn(3, **spec))
