@@ -51,6 +51,8 @@ def _write_error(e: OSError, out: Path) -> str:
     """One line for a failed write of results into `out`; Arrow's errors carry no file name."""
     reason = e.strerror or (str(e).splitlines() or [type(e).__name__])[0]
     return f"{e.filename or out}: cannot write the results: {reason}"
+
+
 def _notes(notes: list[str]) -> None:
     """Notes go to stderr, with --quiet too: they qualify the results, as warnings would."""
     for note in notes:

@@ -89,11 +89,13 @@ def _controls(loaded: LoadedScenario, policy: str) -> dict:
         return {k: {"value": c.value, "source": c.source} for k, c in loaded.controls.items()}
     config = asdict(loaded.policy_config(policy))
     shared = loaded.spec.shared_gpu_budget
-    budget_fields = ({key.split(".")[1] for key in BUDGET_KEYS[policy]}
-                     if shared not in (None, policy) else set())
-    out = {k: {"value": v, "source": f"shared_gpu_budget: {shared}" if k in budget_fields else
-               "scenario"} for k, v in config.items()
-           if k not in ("gpu_kv_blocks", "host_kv_blocks", "block_size")}
+    from_shared = ({key.split(".")[1] for key in BUDGET_KEYS[policy]}
+                   if shared not in (None, policy) else set())
+    out = {}
+    for k, v in config.items():
+        if k not in ("gpu_kv_blocks", "host_kv_blocks", "block_size"):
+            source = f"shared_gpu_budget: {shared}" if k in from_shared else "scenario"
+            out[k] = {"value": v, "source": source}
     if policy == "neo":
         given = loaded.spec.neo.launch_s is not None
         out["launch_s"] = {"value": loaded.neo_launch_s, "source": "scenario" if given else

@@ -538,12 +538,13 @@ def run_sweep(
 
 def _budget_notes(loads: Mapping[tuple[float, Setting], LoadedScenario],
                   rate: float) -> list[str]:
-    """At most one note: the first grid setting whose policies' GPU batch budgets differ (a
-    budget does not depend on the rate)."""
+    """At most one note: the first grid setting whose policies' GPU batch budgets differ, named
+    by its grid keys (a budget depends on neither the rate nor the seed)."""
     for (at, setting), loaded in loads.items():
         note = loaded.budget_note() if at == rate else None
         if note is not None:
-            return [f"at {setting_text(setting)}: {note}" if setting else note]
+            keys = tuple((k, v) for k, v in setting if k != SEED_KEY)
+            return [f"at {setting_text(keys)}: {note}" if keys else note]
     return []
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -104,6 +106,14 @@ def test_run_prints_one_note_unless_the_budget_is_shared(three, tmp_path):
                                  "--set", "shared_gpu_budget=vllm"])
     assert shared.exit_code == 0, shared.output
     assert "GPU batch budget" not in shared.stderr
+    controls = {s["policy"]: s["controls"] for s in
+                json.loads((tmp_path / "b" / "summary.json").read_text())}
+    assert controls["dualpace"]["gpu_token_limit"] == {"value": 8192,
+                                                       "source": "shared_gpu_budget: vllm"}
+    assert controls["neo"]["max_batch_size"] == {"value": 1024,
+                                                 "source": "shared_gpu_budget: vllm"}
+    assert controls["neo"]["linr_s_threshold"]["source"] == "scenario"
+    assert controls["vllm"]["max_num_seqs"] == {"value": 1024, "source": "scenario"}
 
 
 def test_sweep_prints_one_note_naming_the_grid_setting(three, tmp_path):
