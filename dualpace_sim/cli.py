@@ -51,6 +51,14 @@ def _write_error(e: OSError, out: Path) -> str:
     """One line for a failed write of results into `out`; Arrow's errors carry no file name."""
     reason = e.strerror or (str(e).splitlines() or [type(e).__name__])[0]
     return f"{e.filename or out}: cannot write the results: {reason}"
+
+
+def _notes(notes: list[str]) -> None:
+    """Notes go to stderr, with --quiet too: they qualify the results, as warnings would."""
+    for note in notes:
+        typer.echo(f"note: {note}", err=True)
+
+
 SET_HELP = ("change a scenario field without editing the file: a dotted key and a YAML value, "
             "e.g. --set scheduler.host_kv_blocks=4096 --set workload.rate=3 (repeat); checked "
             "as if written in the file")
@@ -89,8 +97,8 @@ def run(
     if trace_events is not None:  # fail before simulating, not after the first policy
         _trace_file(trace_events)
     try:
-        summaries = run_scenario(scenario, out, progress=not quiet, trace_events=trace_events,
-                                 changes=changes)
+        result = run_scenario(scenario, out, progress=not quiet, trace_events=trace_events,
+                              changes=changes)
     except (ScenarioError, SimulationStalled) as e:
         _fail(str(e))
     except OSError as e:  # reading is checked by the scenario's loader: this is writing
@@ -98,10 +106,11 @@ def run(
     except KeyboardInterrupt:  # here, not in main(): typer turns it into a silent exit 130
         typer.echo(f"interrupted; the policies that finished are in {out}/", err=True)
         raise typer.Exit(130) from None
+    _notes(result.notes)
     if quiet:
         return
     keys = ("normalized_latency_s", "p99_ttft_s", "p99_itl_s", "p99_tpot_s", "throughput_tok_s")
-    for s in summaries:
+    for s in result.summaries:
         values = "  ".join(f"{k}={s[k]:.4g}" for k in keys)
         typer.echo(f"{s['policy']}: completed={s['completed']}/{s['submitted']}  {values}")
     typer.echo(f"results in {out}/ (requests.parquet, summary.json, timeline.png)")
@@ -152,6 +161,7 @@ def sweep(
     except SweepInterrupted as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(130) from None
+    _notes(result.notes)
     if not quiet:
         done = sum(p.status == "done" for p in result.points)
         skipped = sum(p.status == "skipped" for p in result.points)

@@ -169,11 +169,11 @@ def profile_record(loaded: LoadedScenario) -> dict:
 
 def trace_file(loaded: LoadedScenario) -> Path | None:
     """The trace file a workload replays: its path, or the local copy of a registered or
-    downloaded trace; None for the default sampler (pinned by the request hash)."""
+    downloaded trace; None for the default and synthetic samplers (pinned by the request hash)."""
     w = loaded.spec.workload
     if w.path is not None:
         return _resolve(loaded.path.parent, w.path)
-    if w.source == "default":
+    if w.source in ("default", "synthetic"):
         return None
     name = w.trace if w.source == "trace" else f"azure-2023-{w.trace}"
     return local_copy(trace_entry(name))

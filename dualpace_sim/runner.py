@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from .budgets import BUDGET_KEYS
 from .metrics import longest_cpu_stall, summarize
 from .outputs import write_json
 from .plots import plot_timeline
@@ -87,8 +88,14 @@ def _controls(loaded: LoadedScenario, policy: str) -> dict:
     if policy == "dualpace":
         return {k: {"value": c.value, "source": c.source} for k, c in loaded.controls.items()}
     config = asdict(loaded.policy_config(policy))
-    out = {k: {"value": v, "source": "scenario"} for k, v in config.items()
-           if k not in ("gpu_kv_blocks", "host_kv_blocks", "block_size")}
+    shared = loaded.spec.shared_gpu_budget
+    from_shared = ({key.split(".")[1] for key in BUDGET_KEYS[policy]}
+                   if shared not in (None, policy) else set())
+    out = {}
+    for k, v in config.items():
+        if k not in ("gpu_kv_blocks", "host_kv_blocks", "block_size"):
+            source = f"shared_gpu_budget: {shared}" if k in from_shared else "scenario"
+            out[k] = {"value": v, "source": source}
     if policy == "neo":
         given = loaded.spec.neo.launch_s is not None
         out["launch_s"] = {"value": loaded.neo_launch_s, "source": "scenario" if given else
@@ -120,13 +127,20 @@ def stamp(summary: dict, digest: str, record: dict) -> dict:
     return {**summary, "scenario_hash": digest, "provenance": record}
 
 
+@dataclass
+class RunResult:
+    summaries: list[dict]  # one per policy, as in summary.json
+    notes: list[str] = field(default_factory=list)  # one-line notes for the reader
+
+
 def run_scenario(
     path: Path, out: Path, progress: bool = True, trace_events: Path | None = None,
     changes: Mapping | None = None,
-) -> list[dict]:
+) -> RunResult:
     """Simulate each policy of the scenario at `path` (with `changes` laid over its fields, as
     :func:`scenario.read_scenario` describes); write results under `out`, and the policies'
-    timelines to `trace_events` (one process per policy) when given."""
+    timelines to `trace_events` (one process per policy) when given. The notes say what the
+    reader of the figures should know (:meth:`LoadedScenario.budget_note`)."""
     loaded = load_scenario(path, changes=changes)
     record = provenance(loaded)
     digest = scenario_hash(path, changes)
@@ -148,4 +162,4 @@ def run_scenario(
             write_trace(trace_events, traces)
     plot_timeline({p: r.requests for p, r in records.items()}, out / "timeline",
                   tokens={p: r.tokens for p, r in records.items()})
-    return summaries
+    return RunResult(summaries, [n for n in [loaded.budget_note()] if n is not None])

@@ -17,9 +17,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .budgets import GpuBudget, dualpace_budget, unequal_budget_note, with_budget
 from .core import SchedulerConfig, check_thresholds
 from .core.neo import NeoConfig
-from .core.servable import dualpace_refusal, neo_refusal, vllm_refusal
+from .core.servable import dualpace_refusal, neo_pool_refusal, neo_refusal, vllm_refusal
 from .core.vllm import VllmConfig
 from .costs import CostModel, ModelShape, Profile, load_profile, load_spec, synthesize
 from .costs.fit import fit_controls
@@ -190,6 +191,13 @@ class Scenario(BaseModel):
     vllm: VllmSection | None = Field(None, description=(
         "vLLM's batch limits; required when policies has vllm"))
     neo: NeoSection = Field(default_factory=NeoSection, description="NEO's limits")
+    shared_gpu_budget: Literal["dualpace", "vllm", "neo"] | None = Field(None, description=(
+        "give every policy this policy's GPU batch budget, so that a comparison differs in "
+        "scheduling only: its tokens per GPU batch (DualPace: scheduler.gpu_token_limit as "
+        "resolved, capped by gpu_hard_token_limit; vLLM: vllm.max_num_batched_tokens; NEO: "
+        "neo.max_tokens_in_batch) and its requests per GPU batch (scheduler.gpu_max_rows, "
+        "vllm.max_num_seqs, neo.max_batch_size) replace the others'; default: each its own, "
+        "and `run` and `sweep` print a note when they differ"))
     sweep: SweepSpec | None = Field(None, description=(
         "offered rates; required by `dualpace-sim sweep`, ignored by `run`"))
     targets: Targets = Field(default_factory=Targets, description=(
@@ -208,6 +216,9 @@ class Scenario(BaseModel):
         if "vllm" in self.policies and self.vllm is None:
             raise ValueError("policy vllm needs a vllm section with max_num_batched_tokens and "
                              "max_num_seqs")
+        if self.shared_gpu_budget is not None and self.shared_gpu_budget not in self.policies:
+            raise ValueError(f"shared_gpu_budget: {self.shared_gpu_budget} is not one of the "
+                             f"policies ({', '.join(self.policies)}); name one of them")
         return self
 
 
@@ -231,23 +242,43 @@ class LoadedScenario:
     requests: list[RequestSpec]
 
     def policy_config(self, policy: str) -> SchedulerConfig | VllmConfig | NeoConfig:
-        """The policy's configuration over the same KV pools and block size."""
+        """The policy's configuration over the same KV pools and block size, with its GPU
+        batch budget (its own, or the shared one)."""
         c = self.config
         if policy == "dualpace":
             return c
+        b = self.gpu_budget(policy)
         if policy == "vllm":
-            v = self.spec.vllm
-            return VllmConfig(c.gpu_kv_blocks, c.block_size, v.max_num_batched_tokens,
-                              v.max_num_seqs)
+            return VllmConfig(c.gpu_kv_blocks, c.block_size, b.tokens, b.rows)
         n = self.spec.neo
-        return NeoConfig(c.gpu_kv_blocks, c.host_kv_blocks, c.block_size, n.max_batch_size,
-                         n.max_tokens_in_batch, n.itm_blocks, n.linr_s_threshold,
-                         n.swap_in_fraction)
+        return NeoConfig(c.gpu_kv_blocks, c.host_kv_blocks, c.block_size, b.rows, b.tokens,
+                         n.itm_blocks, n.linr_s_threshold, n.swap_in_fraction)
+
+    def gpu_budget(self, policy: str) -> GpuBudget:
+        """What one GPU batch of ``policy`` may carry as it runs: the shared budget when the
+        scenario names one (DualPace's config already carries it), else its own."""
+        if policy == "dualpace":
+            return dualpace_budget(self.config)
+        shared = self.spec.shared_gpu_budget
+        if shared is not None and shared != policy:
+            return self.gpu_budget(shared)
+        return section_budget(self.spec, policy)
+
+    def budget_note(self) -> str | None:
+        """The note `run` and `sweep` print when the policies' GPU batch budgets differ."""
+        return unequal_budget_note({p: self.gpu_budget(p) for p in self.spec.policies})
 
     @property
     def neo_launch_s(self) -> float:
         given = self.spec.neo.launch_s
         return self.cost.neo_launch_s if given is None else given
+
+
+def section_budget(spec: Scenario, policy: str) -> GpuBudget:
+    """A baseline's own GPU batch budget, from its section of the scenario."""
+    if policy == "vllm":
+        return GpuBudget(spec.vllm.max_num_batched_tokens, spec.vllm.max_num_seqs)
+    return GpuBudget(spec.neo.max_tokens_in_batch, spec.neo.max_batch_size)
 
 
 def _section_model(loc: tuple) -> type[BaseModel] | None:
@@ -441,6 +472,11 @@ def load_scenario(
         )
     except ValueError as e:
         raise ScenarioError(f"{path}: scheduler: {e}") from None
+    shared = spec.shared_gpu_budget
+    if shared in ("vllm", "neo"):  # DualPace runs with that baseline's budget
+        budget = section_budget(spec, shared)
+        config = with_budget(config, budget)
+        controls["gpu_token_limit"] = ControlChoice(budget.tokens, f"shared_gpu_budget: {shared}")
     try:
         requests = build_requests(spec.workload, path.parent)
     except ValueError as e:
@@ -456,9 +492,17 @@ def _check_fits(path: Path, requests: list[RequestSpec], loaded: LoadedScenario)
     than letting that run stall (`dualpace_sim.core.servable`: DualPace's finish-peak must fit
     the host pool, vLLM's HBM, and NEO must stage its prompt and swap it back in)."""
     checks = {"dualpace": dualpace_refusal, "vllm": vllm_refusal, "neo": neo_refusal}
-    policies = [(checks[p], loaded.policy_config(p)) for p in loaded.spec.policies]
+    policies = [(p, checks[p], loaded.policy_config(p)) for p in loaded.spec.policies]
+    shared = loaded.spec.shared_gpu_budget
+    if "neo" in loaded.spec.policies:  # pools that refuse every request: say so, not request 0
+        reason = neo_pool_refusal(loaded.policy_config("neo"))
+        if reason is not None:
+            raise ScenarioError(f"{path}: scheduler: {reason}")
     for i, r in enumerate(requests):
-        for refusal, config in policies:
+        for policy, refusal, config in policies:
             reason = refusal(config, r.prompt_tokens, r.max_tokens)
             if reason is not None:
+                if shared not in (None, policy):
+                    reason += (f" ({policy}'s GPU batch budget is {shared}'s here, from "
+                               "shared_gpu_budget)")
                 raise ScenarioError(f"{path}: workload: request {i} {reason}")

@@ -119,6 +119,7 @@ class SweepResult:
     table: pd.DataFrame  # sweep.csv
     sustainable: pd.DataFrame  # sustainable.csv
     wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)  # one-line notes for the reader
     failed: list[PointOutcome] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -532,7 +533,19 @@ def run_sweep(
     sustainable = sustainable_table(table, targets)
     write_text_atomically(out / "sustainable.csv", sustainable.to_csv(index=False))
     return SweepResult(out, spec.name, targets, [outcomes[k] for k in grid], table, sustainable,
-                       wall_s=time.perf_counter() - start)
+                       wall_s=time.perf_counter() - start, notes=_budget_notes(loads, rates[0]))
+
+
+def _budget_notes(loads: Mapping[tuple[float, Setting], LoadedScenario],
+                  rate: float) -> list[str]:
+    """At most one note: the first grid setting whose policies' GPU batch budgets differ, named
+    by its grid keys (a budget depends on neither the rate nor the seed)."""
+    for (at, setting), loaded in loads.items():
+        note = loaded.budget_note() if at == rate else None
+        if note is not None:
+            keys = tuple((k, v) for k, v in setting if k != SEED_KEY)
+            return [f"at {setting_text(keys)}: {note}" if keys else note]
+    return []
 
 
 # ----------------------------------------------------------------------------- reading back

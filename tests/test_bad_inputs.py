@@ -80,6 +80,9 @@ def run_text(text: bytes | str) -> Callable[[Path], list[str]]:
 
 # --- scenario fields ----------------------------------------------------------------------------
 
+FIXED = {"distribution": "fixed", "mean": 8}
+SYNTHETIC = {"source": "synthetic", "prompt": FIXED, "output": FIXED}
+
 FIELD_CASES = [
     # (id, fields, the field the message must name, what else it must say)
     ("top-level typo", {"polices": ["dualpace"]}, "polices", "unknown key"),
@@ -134,6 +137,26 @@ FIELD_CASES = [
     ("vidur without path", {"workload": {"source": "vidur"}}, "workload", "needs path"),
     ("unregistered trace", {"workload": {"source": "trace", "trace": "nope"}}, "workload",
      "one of"),
+    ("synthetic without output", {"workload": {"source": "synthetic", "prompt": FIXED}},
+     "workload", "synthetic needs output"),
+    ("length distribution typo", {"workload": {**SYNTHETIC, "prompt": {"distribution": "fixed",
+                                                                       "meen": 4}}},
+     "workload.prompt.meen", "did you mean mean"),
+    ("unknown length distribution", {"workload": {**SYNTHETIC, "output": {
+        "distribution": "pareto", "mean": 4}}}, "workload.output.distribution", "pareto"),
+    ("lognormal mean below median", {"workload": {**SYNTHETIC, "prompt": {
+        "distribution": "lognormal", "mean": 100, "median": 200}}}, "workload.prompt",
+     "raise mean"),
+    ("zipf mean out of reach", {"workload": {**SYNTHETIC, "output": {
+        "distribution": "zipf", "max": 100, "mean": 90}}}, "workload.output", "change max"),
+    ("uniform with sigma", {"workload": {**SYNTHETIC, "prompt": {
+        "distribution": "uniform", "mean": 10, "sigma": 1}}}, "workload.prompt",
+     "sigma does not apply"),
+    ("length mean negative", {"workload": {**SYNTHETIC, "prompt": {
+        "distribution": "fixed", "mean": -3}}}, "workload.prompt.mean", ""),
+    ("prompt_mean 0", {"workload": {"prompt_mean": 0}}, "workload.prompt_mean", ""),
+    ("output_mean with synthetic", {"workload": {**SYNTHETIC, "output_mean": 5}}, "workload",
+     "output.mean"),
     ("max_prompt_tokens 0", {"workload": {"max_prompt_tokens": 0}},
      "workload.max_prompt_tokens", ""),
     ("max_output_tokens true", {"workload": {"max_output_tokens": True}},
@@ -193,6 +216,12 @@ FIELD_CASES = [
      "workload", "scheduler.gpu_kv_blocks"),
     ("prompt beyond NEO's batch", {"policies": ["neo"], "neo": {"max_tokens_in_batch": 4}},
      "workload", "neo.max_tokens_in_batch"),
+    ("NEO host pool no larger than HBM", {"policies": ["neo"], "scheduler": {
+        "gpu_kv_blocks": 4096, "host_kv_blocks": 2048}}, "scheduler",
+     "NEO needs a host KV pool larger than the HBM pool.*scheduler.host_kv_blocks above 4096"),
+    ("shared budget of an absent policy", {"shared_gpu_budget": "neo"}, "", "not one of the "
+                                                                              "policies"),
+    ("shared budget unknown", {"shared_gpu_budget": "sglang"}, "shared_gpu_budget", "sglang"),
 ]
 
 CASES = [Case(f"scenario field: {name}", run_with(**fields), "{tmp}/s.yaml",

@@ -196,3 +196,16 @@ def test_a_lookup_outside_the_profiles_tables_is_a_one_line_note(tmp_path):
     notes = [line for line in done.stderr.splitlines() if "gpu.prefill_attn" in line]
     assert len(notes) == 1 and notes[0].startswith("note: cost table gpu.prefill_attn:")
     assert "CostExtrapolationWarning" not in done.stderr and "cost.gpu_layer" not in done.stderr
+
+
+def test_run_of_a_synthetic_workload_serves_the_drawn_lengths(write_scenario, tmp_path):
+    out = tmp_path / "out"
+    path = write_scenario(workload={
+        "source": "synthetic", "trace": None, "num_requests": 60,
+        "prompt": {"distribution": "uniform", "min": 64, "max": 512},
+        "output": {"distribution": "fixed", "mean": 12}})
+    result = runner.invoke(app, ["run", str(path), "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    records = read_records(out / "requests.parquet")
+    assert len(records) == 60 and (records["n_tokens"] == 12).all()
+    assert records["prompt_tokens"].between(64, 512).all()

@@ -58,6 +58,15 @@ def test_a_trace_file_is_hashed(write_scenario, tmp_path):
     assert record["trace"] == {"path": str(trace), "sha256": prov.file_sha256(trace)}
 
 
+def test_a_synthetic_workload_names_no_trace_file(write_scenario, tmp_path):
+    path = write_scenario(workload={"source": "synthetic", "trace": None, "num_requests": 5,
+                                    "prompt": {"distribution": "fixed", "mean": 100},
+                                    "output": {"distribution": "fixed", "mean": 4}})
+    record = prov.provenance(load_scenario(path))
+    assert record["trace"] == {"path": None, "sha256": None}
+    assert record["scenario"]["workload"]["prompt"]["mean"] == 100
+
+
 def test_run_and_sweep_point_write_one_summary_shape(write_scenario, tmp_path):
     path = write_scenario(workload={"num_requests": 30}, sweep={"rates": [2.0, 4.0]})
     run_out, sweep_out = tmp_path / "run", tmp_path / "sweep"

@@ -8,7 +8,8 @@ import pytest
 
 from dualpace_sim.scenario import ScenarioError, load_scenario
 
-SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios").rglob("*.yaml"))
+SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios"
+SCENARIOS = sorted(SCENARIO_DIR.rglob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: str(p.relative_to(p.parents[1])))
@@ -38,3 +39,17 @@ def test_neo_refuses_prompts_it_cannot_prefill_whole(write_scenario):
     path = write_scenario(policies=["neo"], neo={"max_tokens_in_batch": 256})
     with pytest.raises(ScenarioError, match="NEO prefills whole prompts"):
         load_scenario(path)
+
+
+def test_neo_on_a_box_whose_hbm_pool_outgrows_the_host_is_refused_for_that(azure_dir,
+                                                                           monkeypatch):
+    """The measured H200 box without its scenario's 32 GiB HBM cap: its HBM pool is larger than
+    its host pool. The refusal names the pools, not request 0's prompt."""
+    monkeypatch.setenv("DUALPACE_AZURE_DIR", str(azure_dir))
+    path = SCENARIO_DIR / "h200" / "llama-3.1-8b-conv.yaml"
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(path, changes={"scheduler": {"gpu_kv_blocks": None}})
+    message = str(caught.value)
+    assert message.startswith(f"{path}: scheduler: NEO needs "
+                              "a host KV pool larger than the HBM pool")
+    assert "request 0" not in message and "\n" not in message

@@ -102,6 +102,69 @@ def test_registered_vidur_trace_without_arrivals_names_itself(tmp_path, monkeypa
         build_requests(cfg, Path("."))
 
 
+FIXED = {"distribution": "fixed", "mean": 8}
+LOGNORMAL = {"distribution": "lognormal", "mean": 1599, "p99": 8000}
+ZIPF = {"distribution": "zipf", "max": 2000, "mean": 114}
+
+
+def synthetic(**fields) -> WorkloadConfig:
+    return WorkloadConfig(**{"source": "synthetic", "prompt": LOGNORMAL, "output": ZIPF,
+                             "num_requests": 20_000, "rate": 2.0, "seed": 5, **fields})
+
+
+def lengths(requests: list[RequestSpec]) -> tuple[np.ndarray, np.ndarray]:
+    return (np.array([r.prompt_tokens for r in requests]),
+            np.array([r.max_tokens for r in requests]))
+
+
+def test_synthetic_source_draws_the_asked_for_means_at_poisson_arrivals(tmp_path):
+    requests = build_requests(synthetic(), tmp_path)
+    prompt, output = lengths(requests)
+    assert prompt.mean() == pytest.approx(1599, rel=0.03)
+    assert np.percentile(prompt, 99) == pytest.approx(8000, rel=0.05)
+    assert output.mean() == pytest.approx(114, rel=0.03) and output.max() <= 2000
+    assert np.diff(arrivals(requests)).mean() == pytest.approx(0.5, rel=1e-9)
+    assert build_requests(synthetic(), tmp_path) == requests  # seeded: the same every time
+    default = build_requests(WorkloadConfig(num_requests=20_000, rate=2.0, seed=5), tmp_path)
+    np.testing.assert_array_equal(arrivals(default), arrivals(requests))
+
+
+def test_changing_the_output_distribution_keeps_the_prompts(tmp_path):
+    """Each distribution has its own stream (in arrival order, which the lengths don't move)."""
+    before = build_requests(synthetic(num_requests=500), tmp_path)
+    after = build_requests(synthetic(num_requests=500, output=FIXED), tmp_path)
+    np.testing.assert_array_equal(lengths(before)[0], lengths(after)[0])
+    assert set(lengths(after)[1]) == {8}
+
+
+def test_a_synthetic_workload_survives_a_rate_sweep(tmp_path):
+    faster = with_rate(synthetic(num_requests=100), 8.0)
+    assert faster.prompt == synthetic().prompt
+    for new, old in zip(lengths(build_requests(faster, tmp_path)),
+                        lengths(build_requests(synthetic(num_requests=100), tmp_path)),
+                        strict=True):
+        np.testing.assert_array_equal(new, old)
+
+
+def test_a_trace_rescaled_to_the_papers_means_keeps_its_order(azure_dir):
+    plain = WorkloadConfig(source="azure", path=CONV, rate=1.0)
+    scaled = WorkloadConfig(source="azure", path=CONV, rate=1.0, prompt_mean=1599.0,
+                            output_mean=114.0, max_output_tokens=400)
+    prompt, output = lengths(build_requests(scaled, azure_dir))
+    assert prompt.mean() == pytest.approx(1599, abs=0.5)
+    assert output.max() == 400  # clipping comes after the rescaling
+    raw_prompt, _ = lengths(build_requests(plain, azure_dir))
+    assert np.all(np.diff(prompt[np.argsort(raw_prompt, kind="stable")]) >= 0)
+
+
+def test_the_default_tables_can_be_rescaled_too(tmp_path):
+    cfg = WorkloadConfig(trace="code", num_requests=2000, rate=1.0, prompt_mean=2348.0,
+                         output_mean=22.0)
+    prompt, output = lengths(build_requests(cfg, tmp_path))
+    assert (prompt.mean(), output.mean()) == (pytest.approx(2348, abs=0.5),
+                                              pytest.approx(22, abs=0.5))
+
+
 @pytest.mark.parametrize(
     ("fields", "expected"),
     [
@@ -120,6 +183,18 @@ def test_registered_vidur_trace_without_arrivals_names_itself(tmp_path, monkeypa
         ({"source": "azure", "trace": "mooncake-toolagent", "rate": 1.0}, "use source: trace"),
         ({"rate": 1.0, "num_request": 5}, "Extra inputs"),
         ({"rate": 1.0, "num_requests": 0}, "greater than or equal to 1"),
+        ({"source": "synthetic", "rate": 1.0, "output": FIXED}, "synthetic needs prompt"),
+        ({"source": "synthetic", "rate": 1.0, "prompt": FIXED}, "synthetic needs output"),
+        ({"source": "synthetic", "arrival": "trace", "prompt": FIXED, "output": FIXED},
+         "synthetic has no timestamps"),
+        ({"source": "synthetic", "rate": 1.0, "prompt": FIXED, "output": FIXED, "trace": "code"},
+         "drop trace"),
+        ({"source": "synthetic", "rate": 1.0, "prompt": FIXED, "output": FIXED,
+          "prompt_mean": 9.0}, "with source: synthetic give the mean in prompt.mean"),
+        ({"rate": 1.0, "output": FIXED}, "output .a length distribution. applies to source: "
+                                         "synthetic; to change a trace's mean length use "
+                                         "output_mean"),
+        ({"rate": 1.0, "output_mean": 0.0}, "greater than 0"),
     ],
 )
 def test_config_rejects_inconsistent_settings(fields, expected):
