@@ -136,7 +136,7 @@ def serve_passes(profile: Profile, profile_path: Path, work: CalibrationWorkload
                  ) -> list[Path]:
     """Run (or reuse) each pass; returns their run directories."""
     root = calibration_dir(profile_path)
-    first = passes(1)[0]
+    first = passes(1)[0]  # C, the largest CPU batch, does not depend on the routes
     largest = load_scenario(pass_scenario(root / first.name, profile, work, first)
                             ).config.largest_cpu_batch
     runs = []
