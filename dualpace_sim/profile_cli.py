@@ -286,14 +286,19 @@ def calibrate(
     try:
         calls = [c for d in run for c in appendix_b.run_assist_calls(d)]
         cal = appendix_b.calibrate(calls, profile_batch_sizes(p))
-        calibrated = appendix_b.with_calibration(p, cal, [str(d) for d in run])
+        runs = [str(d) for d in run]
+        old = p.assist.calibration  # recomputed from the same runs: keep what they served
+        workload = old.workload if old is not None and old.runs == runs else None
+        calibrated = appendix_b.with_calibration(p, cal, runs, workload=workload)
         before, after = fit_controls(p), fit_controls(calibrated)
     except (appendix_b.CalibrationError, FitError, ValueError) as e:
         _fail(str(e))
     typer.echo(f"{len(calls)} Dense Assist calls from {len(run)} run(s)")
-    typer.echo(f"{'path':<5}{'rows':>6}{'calls':>8}{'Q us':>10}{'O us':>10}")
+    typer.echo(f"{'path':<5}{'rows':>6}{'calls':>8}{'Q us':>10}{'O us':>10}{'B us':>10}"
+               "   (B: the stage-boundary wait inside Q)")
     for g in cal.groups:
-        typer.echo(f"{g.path:<5}{g.rows:>6}{g.calls:>8}{g.q_s * 1e6:>10.1f}{g.o_s * 1e6:>10.1f}")
+        typer.echo(f"{g.path:<5}{g.rows:>6}{g.calls:>8}{g.q_s * 1e6:>10.1f}{g.o_s * 1e6:>10.1f}"
+                   f"{g.boundary_s * 1e6:>10.1f}")
     for x in ("p", "lA", "lS"):
         q0, o0 = getattr(p.assist.q, x) * 1e6, getattr(p.assist.o, x) * 1e6
         if x in cal.q:

@@ -58,7 +58,7 @@ def test_gpu_round_classes_are_the_documented_ones(azure_dir):
     # the CPU-busy run: DualPace's slow prefill rounds are the Prefill-to-CPU ones
     busy = run("gpu_round_classes.py", "--scenario",
                "scenarios/h200/cpu-busy/llama-3.1-8b-r3.yaml", "--real",
-               "docs/validation/cpu-busy/r3/real", env=env)
+               "docs/validation/cpu-busy/session9/r3/real", env=env)
     assert re.search(r"-  dualpace >= 1,024, to CPU +50 +5\.45 +2\.09 +2\.50", busy)
     assert re.search(r"-  dualpace >= 1,024, GPU only +26 +1\.23 +1\.07 +1\.13", busy)
 
@@ -71,7 +71,7 @@ def test_cpu_step_figures_are_the_documented_ones(azure_dir):
 
 def test_assist_costs_are_the_documented_ones(azure_dir, tmp_path):
     out = run("assist_costs.py", "--scenario", "scenarios/h200/cpu-busy/llama-3.1-8b-r3.yaml",
-              "--real", "docs/validation/cpu-busy/r3/real", "--write-profile",
+              "--real", "docs/validation/cpu-busy/session9/r3/real", "--write-profile",
               str(tmp_path / "served.yaml"), env={"DUALPACE_AZURE_DIR": str(azure_dir)})
     assert "17536 assists over 548 CPU steps (median batch 21)" in out
     assert ("served, per assist: stage-boundary wait 0.234 ms, service 0.738 ms, CUDA 0.532 ms,"
@@ -84,10 +84,32 @@ def test_assist_costs_are_the_documented_ones(azure_dir, tmp_path):
 def test_engine_interference_is_the_documented_one(azure_dir):
     out = run("engine_interference.py", "--scenario",
               "scenarios/h200/cpu-busy/llama-3.1-8b-r3.yaml", "--real",
-              "docs/validation/cpu-busy/r3/real", env={"DUALPACE_AZURE_DIR": str(azure_dir)})
+              "docs/validation/cpu-busy/session9/r3/real",
+              env={"DUALPACE_AZURE_DIR": str(azure_dir)})
     assert re.search(r"r3 GPU rounds CPU engine idle  : n= +2942 .* median real/model 0\.975",
                      out)
     assert re.search(r"r3 GPU rounds beside a CPU step: n= +10904 .* median real/model 1\.149",
                      out)
     assert ("r3 excess beside a CPU step 10.89 s; the run's 17536 assists were served in "
             "12.94 s: within what the assists cost") in out
+
+
+def test_rankings_name_the_misses_and_the_winners(tmp_path):
+    table = tmp_path / "case" / "validation.csv"
+    table.parent.mkdir()
+    table.write_text("policy,metric,simulated,real,relative_error\n"
+                     "dualpace,normalized_latency_s,0.050,0.049,0\n"
+                     "vllm,normalized_latency_s,0.030,0.061,0\n"  # -51 %: a miss, and vLLM
+                     "dualpace,throughput_tok_s,440,448,0\n"  # wins in the simulator only
+                     "vllm,throughput_tok_s,470,477,0\n")  # 6 % apart on the box: no winner
+    out = run("rankings.py", str(table))
+    assert "case vllm     normalized_latency_s    -50.8 %  target 10 %: MISS" in out
+    assert "case dualpace throughput_tok_s         -1.8 %  target 10 %: inside" in out
+    assert ("case winner on normalized_latency_s  real DualPace simulated vLLM     DIFFERENT"
+            in out)
+    assert "winner on throughput" not in out
+    assert out.strip().endswith("1 metric(s) outside their targets, 1 winner(s) different")
+    committed = run("rankings.py", *(f"docs/validation/cpu-busy/r{r}/validation.csv"
+                                     for r in (2, 3, 4)))
+    assert "r4 winner on normalized_latency_s  real DualPace simulated DualPace same" in committed
+    assert committed.strip().endswith("0 winner(s) different")

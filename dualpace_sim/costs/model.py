@@ -21,7 +21,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from dualpace_sim.costs.profile import Profile, Table1D, Table2D, load_profile
+from dualpace_sim.costs.profile import (
+    AssistCalibration,
+    Profile,
+    Table1D,
+    Table2D,
+    load_profile,
+)
 
 AssistKind = Literal["p", "lA", "lS"]
 
@@ -143,6 +149,15 @@ class Interp2D(_Lookup):
         return math.exp(z) if self.log_z else max(z, 0.0)
 
 
+def _boundary_wait(calibration: AssistCalibration | None, kind: str) -> float:
+    """The mean stage-boundary wait inside a calibrated q_x, its groups weighted equally as
+    q_x's are; 0 where q_x is the handshake's (no calibration, or a path no run exercised)."""
+    if calibration is None:
+        return 0.0
+    waits = [g.boundary_s for g in calibration.groups if g.path == kind]
+    return sum(waits) / len(waits) if waits else 0.0
+
+
 class CostModel:
     """Seconds for every primitive the simulator executes, read from one profile.
 
@@ -192,6 +207,8 @@ class CostModel:
         }
         self._q = a.q.model_dump()
         self._o = a.o.model_dump()
+        self._q_served = {x: max(q - _boundary_wait(a.calibration, x), 0.0)
+                          for x, q in self._q.items()}
 
     @classmethod
     def from_file(cls, path: str | Path) -> CostModel:
@@ -316,6 +333,12 @@ class CostModel:
     def assist_q(self, kind: AssistKind) -> float:
         """q_x: CPU-visible control-path wait of one assist beyond its CUDA time."""
         return self._q[kind]
+
+    def assist_q_served(self, kind: AssistKind) -> float:
+        """q_x less the stage-boundary wait its calibration runs saw: what the CPU waits
+        beyond g_x once the GPU worker has started the assist. For the simulator, which books
+        each assist at the running batch's next stage boundary itself (Algorithm 1 uses q_x)."""
+        return self._q_served[kind]
 
     def assist_o(self, kind: AssistKind) -> float:
         """o_x: GPU-worker launch + finalization of one assist (displaces GPU-main work)."""

@@ -237,6 +237,11 @@ class AssistGroup(StrictModel):
     calls: PositiveInt = Field(description="calls in the group")
     q_s: NonNegativeFloat = Field(description="Q_x,u = mean over the calls of [W - G]+, s")
     o_s: NonNegativeFloat = Field(description="O_x,u = mean over the calls of L + F, s")
+    boundary_s: NonNegativeFloat = Field(
+        description="mean over the calls of [W - G - (L + F)]+, s: CPU-Ready to GPU-Running, "
+                    "the wait for the busy GPU engine's stage boundary inside Q_x,u (the "
+                    "simulator books that wait itself; `dualpace-sim profile calibrate` "
+                    "recomputes it from the runs)")
 
 
 class AssistCalibration(StrictModel):

@@ -34,13 +34,15 @@ _ACTIVATIONS = {"p": (2, 1), "lA": (2, 0), "lS": (1, 0)}
 @dataclass(frozen=True, slots=True)
 class AssistTerms:
     """What one assist of a kind and CPU batch size costs (paper Appendix B, Eq. 14): the GPU
-    is displaced for o_x + g_x and the CPU waits q_x + g_x after the service starts; g_x
-    includes moving the activations over the link."""
+    is displaced for o_x + g_x and the CPU waits q_x + g_x; g_x includes moving the
+    activations over the link. The wait for the GPU's stage boundary, which a calibrated q_x
+    holds, is booked here (GpuDevice.assist), so after the service starts the CPU waits only
+    the rest of q_x (CostModel.assist_q_served)."""
 
     kind: str
     g: float  # g_x: CUDA time, activations included
     service: float  # o_x + g_x: GPU-worker time
-    q: float  # q_x: CPU-visible wait beyond g_x
+    q: float  # q_x less its stage-boundary wait: the CPU's wait beyond g_x once served
     to_gpu: int  # activation bytes host -> GPU
     to_host: int  # activation bytes GPU -> host
 
@@ -96,7 +98,7 @@ class AssistBooker:
             act = cost.activation_bytes(b)
             to_gpu, to_host = _ACTIVATIONS[kind]
             found = self._terms[(kind, b)] = AssistTerms(
-                kind, g, cost.assist_o(kind) + g, cost.assist_q(kind), to_gpu * act,
+                kind, g, cost.assist_o(kind) + g, cost.assist_q_served(kind), to_gpu * act,
                 to_host * act)
         return found
 

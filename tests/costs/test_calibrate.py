@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dualpace_sim.cli import app
-from dualpace_sim.costs import load_profile
+from dualpace_sim.costs import CostModel, load_profile
 from dualpace_sim.costs.calibrate import (
     ASSISTS_FILE,
     AssistCall,
@@ -32,6 +32,23 @@ def test_a_wait_shorter_than_its_cuda_interval_counts_as_zero():
              AssistCall("p", 8, 100 * US, 60 * US, 5 * US)]  # 40 us
     cal = calibrate(calls, [8])
     assert math.isclose(cal.q["p"], 20 * US) and math.isclose(cal.o["p"], 4 * US)
+
+
+def test_the_stage_boundary_wait_inside_q_is_kept_apart_for_the_simulator():
+    """B = [W - G - (L + F)]+ per group: Q holds it (Algorithm 1 uses Q), and the simulator,
+    which books the wait for the GPU's stage boundary itself, charges only Q - B once served."""
+    calls = [AssistCall("p", 16, 900 * US, 300 * US, 40 * US),  # B = 560 us
+             AssistCall("p", 16, 330 * US, 300 * US, 40 * US)]  # W < G + L + F: B = 0
+    cal = calibrate(calls, [16])
+    assert math.isclose(cal.groups[0].boundary_s, 280 * US)
+    assert math.isclose(cal.q["p"], 315 * US)
+    p = load_profile(H200)
+    cost = CostModel(with_calibration(p, cal, ["runs/r3"]))
+    assert math.isclose(cost.assist_q("p"), 315 * US)
+    assert math.isclose(cost.assist_q_served("p"), 35 * US)
+    uncalibrated = p.model_copy(update={"assist": p.assist.model_copy(
+        update={"calibration": None})})
+    assert CostModel(uncalibrated).assist_q_served("lA") == p.assist.q.lA  # the handshake's
 
 
 def test_groups_weigh_equally_whatever_their_call_counts():

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 
 from dualpace_sim.core import Owner
+from dualpace_sim.costs import load_profile
+from dualpace_sim.costs.profile import AssistCalibration, AssistGroup, PerAssistPath
 from dualpace_sim.records import records_frame, write_records
 from dualpace_sim.scenario import load_scenario
 from dualpace_sim.sim import DualPaceNode
 from dualpace_sim.sim.assist import AssistBooker
+from tests.conftest import RTX4090_LLAMA
 
 # A small HBM and a CPU tier big enough to matter exercise every migration path.
 PRESSURE = {"gpu_kv_blocks": 600, "host_kv_blocks": 20000}
@@ -173,6 +177,31 @@ def test_a_host_filled_by_waiting_requests_no_longer_stalls(write_scenario, tmp_
     loaded = load_scenario(path)
     out = DualPaceNode(loaded.requests, loaded.cost, loaded.config).run()
     assert [r.generated for r in out.requests] == [20, 200, 200]
+
+
+def test_a_calibrated_q_charges_its_stage_boundary_wait_once(write_scenario, tmp_path):
+    """A calibrated q_x holds the wait for the GPU's stage boundary, which the simulator books
+    itself: the more of q_x that wait is, the shorter a Fused-Assist CPU round."""
+    base = load_profile(RTX4090_LLAMA)
+
+    def calibrated(boundary_s: float) -> Path:
+        groups = [AssistGroup(path=x, rows=1, calls=1, q_s=2e-3, o_s=2e-5,
+                              boundary_s=boundary_s) for x in ("p", "lA", "lS")]
+        record = AssistCalibration(runs=["hand-made"], date="2026-12-01", groups=groups)
+        assist = base.assist.model_copy(update={
+            "q": PerAssistPath(p=2e-3, lA=2e-3, lS=2e-3), "calibration": record})
+        out = tmp_path / f"profile-{boundary_s}.yaml"
+        base.model_copy(update={"assist": assist}).save(out)
+        return out
+
+    per_round = []
+    for boundary_s in (0.0, 2e-3):
+        path = write_scenario(f"b{boundary_s}.yaml", profile=str(calibrated(boundary_s)),
+                              scheduler={**PRESSURE, "route_p": 0, "route_f": 0})
+        _, out = simulate(path)
+        assert out.stats.assist_calls > 0
+        per_round.append(out.stats.cpu_busy_s / out.stats.cpu_rounds)
+    assert per_round[1] < per_round[0]
 
 
 def test_assists_in_gpu_paced_batches_wait_for_the_stage_queued_ahead(write_scenario,
