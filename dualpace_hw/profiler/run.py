@@ -194,8 +194,8 @@ def run_profile(opt: Options) -> Profile:
     with contextlib.ExitStack() as stack:
         tables, gpu = _start_ranks(opt, m, grids, protocol, threads, stack)
         n_points = sum(len(x) * (len(y) if y else 1) for _, x, y, _ in tables)
-        n_points += 6 * len(grids.cpu_batches) + 6 + (6 if opt.gpu_tp == 1 else 0)
-        n_points += FLOOR_SAMPLES * (2 if opt.gpu_tp == 1 else 1)
+        n_points += 6 * len(grids.cpu_batches) + 5 + (6 if opt.gpu_tp == 1 else 0)
+        n_points += FLOOR_SAMPLES * (3 if opt.gpu_tp == 1 else 2)
         bar = stack.enter_context(progress_bar(opt.progress, total=n_points, unit="pt"))
 
         def point(key: str, measure: Callable[[], float]) -> float:
@@ -205,11 +205,15 @@ def run_profile(opt: Options) -> Profile:
             return v
 
         floors: list[tuple[float, float | None]] = []
+        overheads: list[float] = []
 
         def sample_floors() -> None:
-            """The eager floors once more: the host's speed drifts within minutes, so they are
-            sampled at the start, the middle and the end of the run."""
+            """The eager floors and the iteration overhead once more: host-side times, and the
+            host's speed drifts within minutes (one-shot overheads of successive profiles
+            ranged 0.53-1.03 ms), so they are sampled at the start, the middle and the end of
+            the run."""
             i = len(floors)
+            overheads.append(point(f"iteration_overhead_s|{i}", m.iteration_overhead))
             eager = point(f"gpu.eager_layer_s|{i}", gpu.eager_layer)
             beside = None
             if opt.gpu_tp == 1:
@@ -247,9 +251,8 @@ def run_profile(opt: Options) -> Profile:
                 for k in ("h2d_bytes_per_s", "d2h_bytes_per_s", "latency_s")}
         poll = point("assist.poll_s", m.poll_s)
         launch = point("neo.launch_s", m.neo_launch_s)
-        overhead = point("iteration_overhead_s", m.iteration_overhead)
         sample_floors()
-    profile = _assemble(opt, m, values, q, o, link, poll, launch, overhead, floors,
+    profile = _assemble(opt, m, values, q, o, link, poll, launch, overheads, floors,
                         threads, protocol)
     if opt.gpu_tp > 1:  # after the stage ranks are gone: the runtime's own rank group
         rows = [b for b in grids.decode_batches
@@ -361,9 +364,10 @@ def _capacities(opt: Options, gpu_device: torch.device) -> tuple[int, int, dict]
 
 
 def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, poll: float,
-              launch: float, overhead: float, floors: list[tuple[float, float | None]],
+              launch: float, overheads: list[float], floors: list[tuple[float, float | None]],
               threads: int, protocol: Protocol) -> Profile:
     gpu_blocks, host_blocks, params = _capacities(opt, m.gpu_device)
+    overhead = statistics.median(overheads)
     eager = statistics.median(e for e, _ in floors)
     beside = statistics.median(b for _, b in floors) if floors[0][1] is not None else None
     prov = box.provenance(m.gpu_device, threads, opt.command, dt.date.today().isoformat())
@@ -387,7 +391,9 @@ def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, 
            "client's CPU-Ready to GPU-Done wait and the server's service, each less g_x(b), "
            "averaged over the CPU batch sizes. ")
         + "Iteration overheads (both engines) = the GPU executor "
-        "building a 64-request decode batch. gpu.eager_layer_s = one layer of a small mixed "
+        "building a 64-request decode batch, the median of "
+        + ", ".join(f"{x * 1e3:.3f}" for x in overheads) + " ms (sampled with the floors). "
+        "gpu.eager_layer_s = one layer of a small mixed "
         "batch run eagerly, back to back (the host's launch floor of prefill rounds); "
         "gpu.eager_layer_beside_cpu_s = the same on the cores the CPU engine leaves, beside a "
         "stand-in CPU engine decoding on the profiled cores (DualPace's floor; not measured "

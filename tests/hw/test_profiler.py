@@ -403,10 +403,13 @@ def test_full_grids_reach_down_to_one_token_chunks():
 def test_the_eager_floors_are_the_median_of_the_start_middle_and_end_of_the_run(tmp_path,
                                                                                monkeypatch):
     """The host's speed drifts within minutes (the H200 box's floor read 1.05 and 1.53 ms in
-    two profiles an hour apart), so each floor is sampled three times across the run and the
-    profile keeps the median, with the samples in its notes."""
+    two profiles an hour apart; its iteration overhead 0.56 and 1.03 ms), so each floor and
+    the iteration overhead are sampled three times across the run and the profile keeps the
+    median, with the samples in its notes."""
     order: list[str] = []
     alone, beside = iter([3e-3, 1e-3, 2e-3]), iter([6e-3, 4e-3, 5e-3])
+    overheads = iter([9e-4, 5e-4, 7e-4])
+    monkeypatch.setattr(Measurer, "iteration_overhead", lambda self: next(overheads))
     first_table, last_table = Measurer.gpu_pre_attn, Measurer.gpu_decode_attn
 
     def eager(self):
@@ -427,6 +430,8 @@ def test_the_eager_floors_are_the_median_of_the_start_middle_and_end_of_the_run(
     assert profile.gpu.eager_layer_s == 2e-3 and profile.gpu.eager_layer_beside_cpu_s == 5e-3
     assert "eager 3.000, 1.000, 2.000 ms; beside 6.000, 4.000, 5.000 ms" in \
         profile.provenance.notes
+    assert profile.gpu.iteration_overhead_s == profile.cpu.iteration_overhead_s == 7e-4
+    assert "the median of 0.900, 0.500, 0.700 ms" in profile.provenance.notes
     assert not profile.provenance.command and profile.provenance.is_quick()  # from its notes
     runs = [x for i, x in enumerate(order) if i == 0 or order[i - 1] != x]
     assert runs == ["floor", "first table", "floor", "last table", "floor"]
