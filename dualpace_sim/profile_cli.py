@@ -274,15 +274,33 @@ def calibrate(
     write: Annotated[bool, typer.Option(
         "--write", help="store the calibrated q and o (and the refitted controls) into "
                         "PROFILE")] = False,
+    scenario: Annotated[Path | None, typer.Option(
+        help="the scenario the runs served, to price their GPU rounds for the served "
+             "iteration overhead (default: each run's ../scenario.yaml, as `dualpace-hw "
+             "profile` lays out its calibration passes; without one the overhead is kept)")
+    ] = None,
 ) -> None:
     """Dense Assist's q_x and o_x from serving runs (paper Appendix B end-to-end calibration):
     per path and batch-row group, Q = mean [W - G]+ and O = mean (L + F); q, o the groups'
-    equal-weight means. Prints the groups, q and o before and after, and the (P, F) Algorithm 1
-    then fits; writes the profile, controls refitted, with --out or --write."""
+    equal-weight means. With the runs' scenario, also the GPU iteration overhead as served
+    (their decode-only rounds with the CPU engine idle). Prints the groups, q and o before and
+    after, and the (P, F) Algorithm 1 then fits; writes the profile, controls refitted, with
+    --out or --write."""
+    from dualpace_sim.core.journal import JournalError
     from dualpace_sim.costs import calibrate as appendix_b
     from dualpace_sim.costs.fit import FitError, fit_controls, profile_batch_sizes, with_controls
+    from dualpace_sim.scenario import ScenarioError
+    from dualpace_sim.served_rounds import (
+        PASS_SCENARIO,
+        served_round_overhead,
+        served_rounds,
+        with_served_overhead,
+    )
+    from dualpace_sim.validate import load_for_real_run
 
     p = _load(profile)
+    scenarios = [scenario or d.parent / PASS_SCENARIO for d in run]
+    overhead = None
     try:
         calls = [c for d in run for c in appendix_b.run_assist_calls(d)]
         cal = appendix_b.calibrate(calls, profile_batch_sizes(p))
@@ -290,8 +308,15 @@ def calibrate(
         old = p.assist.calibration  # recomputed from the same runs: keep what they served
         workload = old.workload if old is not None and old.runs == runs else None
         calibrated = appendix_b.with_calibration(p, cal, runs, workload=workload)
+        if all(sc.is_file() for sc in scenarios):
+            rounds = [r for d, sc in zip(run, scenarios, strict=True)
+                      for r in served_rounds(load_for_real_run(sc, d)[0], d, "dualpace")]
+            overhead = served_round_overhead(rounds, runs)
+            if overhead is not None:
+                calibrated = with_served_overhead(calibrated, overhead)
         before, after = fit_controls(p), fit_controls(calibrated)
-    except (appendix_b.CalibrationError, FitError, ValueError) as e:
+    except (appendix_b.CalibrationError, FitError, ScenarioError, JournalError,
+            ValueError) as e:
         _fail(str(e))
     typer.echo(f"{len(calls)} Dense Assist calls from {len(run)} run(s)")
     typer.echo(f"{'path':<5}{'rows':>6}{'calls':>8}{'Q us':>10}{'O us':>10}{'B us':>10}"
@@ -307,6 +332,15 @@ def calibrate(
         else:
             typer.echo(f"{x}: no calls in the runs; q {q0:.1f} us and o {o0:.1f} us kept (the "
                        "handshake's)")
+    if overhead is not None:
+        typer.echo(f"GPU iteration overhead: {overhead.measured_s * 1e3:.3f} ms timed -> "
+                   f"{overhead.served_s * 1e3:.3f} ms served ({overhead.rounds} decode-only "
+                   "rounds with the CPU engine idle)")
+    else:
+        missing = next((str(sc) for sc in scenarios if not sc.is_file()), None)
+        typer.echo("GPU iteration overhead kept: " + (
+            f"no scenario {missing} (give --scenario)" if missing else
+            "the runs hold no decode-only round with the CPU engine idle"))
     typer.echo(f"routes: (P, F) = ({before.route_p}, {before.route_f}) with the profile's q, o; "
                f"({after.route_p}, {after.route_f}) calibrated")
     target = profile if write else out

@@ -12,6 +12,7 @@ runtime's token times. A mismatch means the runtime decided something outside th
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,6 +151,17 @@ class _NeoCalls(_OneEngineCalls):
 _CALLS = {"dualpace": _DualPaceCalls, "vllm": _VllmCalls, "neo": _NeoCalls}
 
 
+def journal_calls(loaded: LoadedScenario, policy: str) -> tuple[list[Request], Callable]:
+    """Fresh requests of `loaded`'s workload and a callable that makes a journal entry's call
+    into fresh schedulers of `policy` (returning the plan's summary for a schedule); its
+    `gpu_plan`/`cpu_plan` (DualPace) or `plan` (vLLM, NEO) is the plan the last schedule
+    got, which is how analyses price a real run's rounds (served_rounds.py)."""
+    block_size = loaded.policy_config(policy).block_size
+    requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, block_size)
+                for i, s in enumerate(loaded.requests)]
+    return requests, _CALLS[policy](loaded, requests)
+
+
 def replay(journal: Journal, loaded: LoadedScenario, policy: str,
            records: pd.DataFrame | None = None, max_reported: int = 5) -> ReplayReport:
     """Replay `journal` (a real run of `policy` on `loaded`'s workload); compare every plan and,
@@ -157,10 +169,7 @@ def replay(journal: Journal, loaded: LoadedScenario, policy: str,
     if policy not in REPLAYED_POLICIES:
         raise ValueError(f"no replay for policy {policy!r}; the runtime runs "
                          f"{', '.join(REPLAYED_POLICIES)}")
-    block_size = loaded.policy_config(policy).block_size
-    requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, block_size)
-                for i, s in enumerate(loaded.requests)]
-    calls = _CALLS[policy](loaded, requests)
+    requests, calls = journal_calls(loaded, policy)
     report = ReplayReport(policy)
     env = simpy.Environment()
 

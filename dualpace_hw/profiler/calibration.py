@@ -42,6 +42,12 @@ from dualpace_sim.costs.calibrate import (
 from dualpace_sim.costs.fit import profile_batch_sizes
 from dualpace_sim.costs.profile import Profile
 from dualpace_sim.scenario import load_scenario
+from dualpace_sim.served_rounds import (
+    PASS_SCENARIO,
+    served_round_overhead,
+    served_rounds,
+    with_served_overhead,
+)
 
 from ..serve import run_real
 
@@ -116,7 +122,7 @@ def pass_scenario(folder: Path, profile: Profile, work: CalibrationWorkload,
                      "max_prompt_tokens": work.max_prompt_tokens,
                      "max_output_tokens": work.max_output_tokens},
     }
-    path = folder / "scenario.yaml"
+    path = folder / PASS_SCENARIO
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
@@ -154,12 +160,17 @@ def serve_passes(profile: Profile, profile_path: Path, work: CalibrationWorkload
 
 def calibrated(profile: Profile, runs: Sequence[Path], profile_path: Path,
                work: CalibrationWorkload) -> Profile:
-    """`profile` with q_x, o_x from the passes' assists, the runs named relative to the
+    """`profile` with q_x, o_x from the passes' assists and the GPU iteration overhead from
+    their served decode rounds (`dualpace_sim.served_rounds`), the runs named relative to the
     profile's folder (where the committed profile and its calibration live together)."""
     calls = [c for d in runs for c in run_assist_calls(d)]
     cal = calibrate(calls, profile_batch_sizes(profile))
     names = [_relative(d, profile_path.parent) for d in runs]
-    return with_calibration(profile, cal, names, workload=work.describe())
+    out = with_calibration(profile, cal, names, workload=work.describe())
+    rounds = [r for d in runs  # each pass priced with the profile it ran with
+              for r in served_rounds(load_scenario(d.parent / PASS_SCENARIO), d, "dualpace")]
+    overhead = served_round_overhead(rounds, names)
+    return out if overhead is None else with_served_overhead(out, overhead)
 
 
 def _relative(path: Path, base: Path) -> str:

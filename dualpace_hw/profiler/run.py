@@ -298,10 +298,16 @@ def _calibrate(opt: Options, fitted: Profile, before: FitResult, threads: int
         raise ProfileRunError(f"the Appendix B calibration: {e}; the tables are in {opt.out} "
                               "(rerun to retry, or pass --no-calibration)") from None
     result = fit_controls(profile)
+    served = profile.gpu.iteration_overhead_calibration
     notes = (f"{profile.provenance.notes} q_x, o_x then replaced by Appendix B's end-to-end "
              f"calibration (assist.calibration): the runtime served {work.describe()}, once "
              "with every CPU step Fused-Assist and once Split-Final; the controls were fitted "
-             "with the calibrated q_x, o_x.")
+             "with the calibrated q_x, o_x."
+             + ("" if served is None else
+                f" gpu.iteration_overhead_s then set from the same runs' {served.rounds} "
+                "decode-only rounds with the CPU engine idle (their median time less their "
+                f"modelled stages): {served.measured_s * 1e3:.3f} ms timed, "
+                f"{served.served_s * 1e3:.3f} ms served (gpu.iteration_overhead_calibration)."))
     profile = profile.model_copy(update={
         "provenance": profile.provenance.model_copy(update={"notes": notes})})
     fitted = with_controls(profile, result)

@@ -161,6 +161,20 @@ class Box(StrictModel):
         1, description="CPU tensor-parallel ranks of the CPU engine (its cores split among them)")
 
 
+class RoundOverheadCalibration(StrictModel):
+    """Where the GPU iteration overhead came from when it came from serving runs: the
+    profiler's timing corrected by the median excess of the runs' decode-only rounds with the
+    CPU engine idle over their model (`dualpace_sim.served_rounds`)."""
+
+    runs: list[str] = Field(description="the run directories whose rounds were used")
+    rounds: PositiveInt = Field(description="decode-only rounds with the CPU engine idle")
+    measured_s: NonNegativeFloat = Field(
+        description="the overhead that priced the rounds (the profiler's timing), s")
+    served_s: NonNegativeFloat = Field(
+        description="measured_s plus the rounds' median excess over their model, s (the "
+                    "profile's iteration_overhead_s)")
+
+
 class GpuCosts(StrictModel):
     """GPU-main primitives; per transformer layer unless the name says otherwise."""
 
@@ -177,6 +191,10 @@ class GpuCosts(StrictModel):
         description="whole model: final RMSNorm, LM head and sampling, by sampled rows")
     iteration_overhead_s: NonNegativeFloat = Field(
         description="fixed cost of every GPU iteration (building the batch's device inputs)")
+    iteration_overhead_calibration: RoundOverheadCalibration | None = Field(
+        default=None,
+        description="set when iteration_overhead_s comes from served rounds (the calibration "
+                    "runs) rather than the profiler's one-shot timing")
     eager_layer_s: NonNegativeFloat = Field(
         default=0.0,
         description="host time to issue one layer's kernels without CUDA graphs: a batch "

@@ -68,6 +68,11 @@ def test_quick_profile_has_provenance_fits_and_plots(quick_profile):
     assert cal.runs == ["tiny-llama-calibration/fused-assist/run",
                         "tiny-llama-calibration/split-final/run"]
     assert all((out.parent / r / "assists-dualpace.csv").is_file() for r in cal.runs)
+    # and the GPU iteration overhead from the same runs' decode-only rounds, CPU engine idle
+    served = profile.gpu.iteration_overhead_calibration
+    assert served is not None and served.runs == cal.runs and served.rounds > 0
+    assert profile.gpu.iteration_overhead_s == served.served_s
+    assert "gpu.iteration_overhead_s then set from the same runs'" in profile.provenance.notes
     assert "Appendix B's end-to-end calibration" in prov.notes
     assert "calibration: routes (P, F) = " in output
 
