@@ -56,7 +56,11 @@ class WorkloadConfig(BaseModel):
     path: str | None = Field(None, description=(
         "trace file for azure, vidur or mooncake, relative to the scenario file"))
     num_requests: int = Field(2000, ge=1, le=MAX_REQUESTS, description=(
-        "requests: the first N of a trace, or N sampled lengths (at most 2,000,000)"))
+        "requests: the first N of a trace (after `skip`), or N sampled lengths (at most "
+        "2,000,000)"))
+    skip: int = Field(0, ge=0, description=(
+        "trace sources: start after the trace's first `skip` requests, so a study can take "
+        "another window of the same trace"))
     arrival: Literal["poisson", "trace"] = Field("poisson", description=(
         "`poisson`: exponential gaps normalized to `rate`, fixed seed; `trace`: the trace's own "
         "timestamps"))
@@ -104,6 +108,9 @@ class WorkloadConfig(BaseModel):
             raise ValueError("rate applies to arrival: poisson; with trace arrivals use time_scale")
         if self.source in ("default", "synthetic") and self.arrival == "trace":
             raise ValueError(f"source: {self.source} has no timestamps; use arrival: poisson")
+        if self.skip and self.source in ("default", "synthetic"):
+            raise ValueError(f"skip picks a window of a trace file; source: {self.source} "
+                             "samples lengths, so drop skip (or change seed)")
         if self.source == "default" and self.path is not None:
             raise ValueError("source: default takes no path; use source: azure, vidur or "
                              "mooncake")
@@ -185,4 +192,14 @@ def _load_trace(cfg: WorkloadConfig, base_dir: Path) -> TraceRows:
         path, fmt = Path(cfg.path).expanduser(), cfg.source
         if not path.is_absolute():
             path = base_dir / path
-    return LOADERS[fmt](path, first_n=cfg.num_requests)
+    if not cfg.skip:
+        return LOADERS[fmt](path, first_n=cfg.num_requests)
+    rows = LOADERS[fmt](path, first_n=None)
+    if len(rows) < cfg.skip + cfg.num_requests:
+        raise WorkloadError(f"{path}: has {len(rows)} requests, fewer than skip {cfg.skip} plus "
+                            f"num_requests {cfg.num_requests}; lower workload.skip or "
+                            "workload.num_requests")
+    window = slice(cfg.skip, cfg.skip + cfg.num_requests)
+    stamps = rows.timestamps_s
+    return TraceRows(None if stamps is None else stamps[window] - stamps[window][0],
+                     rows.prompt_tokens[window], rows.output_tokens[window], rows.source)

@@ -60,6 +60,21 @@ def test_clipping(azure_dir):
     assert max(r.max_tokens for r in requests) == 64
 
 
+def test_skip_takes_a_later_window_of_the_trace(azure_dir):
+    whole = build_requests(WorkloadConfig(source="azure", path=CONV, arrival="trace",
+                                          num_requests=300), azure_dir)
+    window = build_requests(WorkloadConfig(source="azure", path=CONV, arrival="trace",
+                                           num_requests=100, skip=200), azure_dir)
+    assert [(r.prompt_tokens, r.max_tokens) for r in window] == [
+        (r.prompt_tokens, r.max_tokens) for r in whole[200:]]
+    assert window[0].arrival_s == 0.0  # the window's own clock
+    assert window[-1].arrival_s == pytest.approx(whole[-1].arrival_s - whole[200].arrival_s)
+    with pytest.raises(WorkloadError, match="fewer than skip 19990 plus num_requests 20; lower "
+                                            "workload.skip or workload.num_requests"):
+        build_requests(WorkloadConfig(source="azure", path=CONV, rate=1.0, num_requests=20,
+                                      skip=19990), azure_dir)
+
+
 def test_vidur_without_timestamps_rejects_trace_arrivals(tmp_path):
     (tmp_path / "v.csv").write_text("num_prefill_tokens,num_decode_tokens\n10,2\n20,3\n")
     cfg = WorkloadConfig(source="vidur", path="v.csv", num_requests=2, arrival="trace")
@@ -195,6 +210,7 @@ def test_the_default_tables_can_be_rescaled_too(tmp_path):
                                          "synthetic; to change a trace's mean length use "
                                          "output_mean"),
         ({"rate": 1.0, "output_mean": 0.0}, "greater than 0"),
+        ({"rate": 1.0, "skip": 10}, "skip picks a window of a trace file; source: default"),
     ],
 )
 def test_config_rejects_inconsistent_settings(fields, expected):
