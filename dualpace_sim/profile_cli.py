@@ -370,6 +370,14 @@ def compare(
     typer.echo(markdown(a, b, "A", "B"), nl=False)
 
 
+def _in_calibration_runs(path: Path) -> bool:
+    """Whether `path` lies in the `<stem>-calibration/` folder beside a profile `<stem>.yaml`,
+    where `dualpace-hw profile` keeps its calibration passes and the profiles they ran with."""
+    return any(d.name.endswith("-calibration")
+               and d.with_name(d.name.removesuffix("-calibration") + ".yaml").is_file()
+               for d in path.parents)
+
+
 @profile_app.command("list")
 def list_profiles(
     folders: Annotated[list[Path] | None, typer.Argument(
@@ -384,6 +392,8 @@ def list_profiles(
         if not folder.is_dir():
             _fail(f"{folder}: no such folder")
         for path in sorted(folder.rglob("*.yaml")):
+            if _in_calibration_runs(path):
+                continue  # the profile a calibration pass ran with, not one to choose
             if not path.read_text(errors="replace").lstrip().startswith(
                     ("format: dualpace-profile/", "# dualpace-profile/")):
                 continue  # a scenario, a hardware spec, a partial checkpoint

@@ -163,6 +163,9 @@ def test_list_keys_every_profile_by_box_model_and_splits(tmp_path):
     assert ("h200x2-xeon32", "qwen3-14b", "2", "1", "measured") in row
     assert ("rtx4090-xeon4510-2x12c", "llama-3.1-8b", "1", "2", "roofline") in row
     assert "note:" not in result.stdout
+    # the H200 profile's calibration passes and the profiles they ran with are not listed
+    assert ("h200-spr16", "llama-3.1-8b", "1", "1", "measured") in row
+    assert "llama-3.1-8b-calibration" not in result.stdout
     shutil.copy(RTX4090_LLAMA, tmp_path / "a.yaml")
     shutil.copy(RTX4090_LLAMA, tmp_path / "b.yaml")
     (tmp_path / "scenario.yaml").write_text("name: not-a-profile\n")
