@@ -334,12 +334,23 @@ class Measurer:
         a small mixed batch (one 64-token chunk, 8 decodes) through the executor's layer,
         back to back, so where the GPU is faster than the host this is the host's time to
         issue the layer's kernels (the stage tables are graph replays and leave it out)."""
+        return self._eager_layer_of(chunk=True)
+
+    def eager_decode_layer(self) -> float:
+        """neo.eager_decode_layer_s: the same batch without its chunk (its 8 decodes), the floor
+        of a layer of NEO's decode sub-batches: NEO runs every iteration eagerly (SwiftLLM
+        captures no CUDA graphs), where vLLM's and DualPace's decode rounds replay graphs."""
+        return self._eager_layer_of(chunk=False)
+
+    def _eager_layer_of(self, chunk: bool) -> float:
         from ..gpu_executor import GpuExecutor
         from ..migrate import CopyGroup
         from ..tokens import TokenStore
 
         tokens = TokenStore()
         plan = small_mixed_plan(tokens, self.bs, self.gpu_pool.n_blocks)
+        if not chunk:
+            plan.prefills.clear()
         ex = GpuExecutor(self.gpu, self.gpu_pool, tokens, cuda_graphs=False)
         batch, state, copies = ex.prepare(plan), _State(), CopyGroup()
         ex._pre_layer(batch, state)

@@ -195,7 +195,7 @@ def run_profile(opt: Options) -> Profile:
         tables, gpu = _start_ranks(opt, m, grids, protocol, threads, stack)
         n_points = sum(len(x) * (len(y) if y else 1) for _, x, y, _ in tables)
         n_points += 6 * len(grids.cpu_batches) + 5 + (6 if opt.gpu_tp == 1 else 0)
-        n_points += FLOOR_SAMPLES * (3 if opt.gpu_tp == 1 else 2)
+        n_points += FLOOR_SAMPLES * (4 if opt.gpu_tp == 1 else 2)
         bar = stack.enter_context(progress_bar(opt.progress, total=n_points, unit="pt"))
 
         def point(key: str, measure: Callable[[], float]) -> float:
@@ -204,22 +204,23 @@ def run_profile(opt: Options) -> Profile:
             bar.update()
             return v
 
-        floors: list[tuple[float, float | None]] = []
+        floors: list[tuple[float, float | None, float | None]] = []
         overheads: list[float] = []
 
         def sample_floors() -> None:
             """The eager floors and the iteration overhead once more: host-side times, and the
             host's speed drifts within minutes (one-shot overheads of successive profiles
             ranged 0.53-1.03 ms), so they are sampled at the start, the middle and the end of
-            the run."""
+            the run. NEO's decode floor only on one GPU (the real NEO runs on one)."""
             i = len(floors)
             overheads.append(point(f"iteration_overhead_s|{i}", m.iteration_overhead))
             eager = point(f"gpu.eager_layer_s|{i}", gpu.eager_layer)
-            beside = None
+            beside = decode = None
             if opt.gpu_tp == 1:
                 beside = point(f"gpu.eager_layer_beside_cpu_s|{i}",
                                lambda: _eager_beside_cpu(opt, m, box_cores, threads))
-            floors.append((eager, beside))
+                decode = point(f"neo.eager_decode_layer_s|{i}", m.eager_decode_layer)
+            floors.append((eager, beside, decode))
 
         sample_floors()
         for t, (name, xs, ys, measure) in enumerate(tables):
@@ -370,12 +371,14 @@ def _capacities(opt: Options, gpu_device: torch.device) -> tuple[int, int, dict]
 
 
 def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, poll: float,
-              launch: float, overheads: list[float], floors: list[tuple[float, float | None]],
+              launch: float, overheads: list[float],
+              floors: list[tuple[float, float | None, float | None]],
               threads: int, protocol: Protocol) -> Profile:
     gpu_blocks, host_blocks, params = _capacities(opt, m.gpu_device)
     overhead = statistics.median(overheads)
-    eager = statistics.median(e for e, _ in floors)
-    beside = statistics.median(b for _, b in floors) if floors[0][1] is not None else None
+    eager = statistics.median(e for e, _, _ in floors)
+    beside = statistics.median(b for _, b, _ in floors) if floors[0][1] is not None else None
+    decode = statistics.median(d for _, _, d in floors) if floors[0][2] is not None else None
     prov = box.provenance(m.gpu_device, threads, opt.command, dt.date.today().isoformat())
     prov["quick"] = opt.quick  # `dualpace-sim validate` notes runs priced by a quick profile
     prov["parameters"] = {**params, "warmups": protocol.warmups,
@@ -403,12 +406,16 @@ def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, 
         "batch run eagerly, back to back (the host's launch floor of prefill rounds); "
         "gpu.eager_layer_beside_cpu_s = the same on the cores the CPU engine leaves, beside a "
         "stand-in CPU engine decoding on the profiled cores (DualPace's floor; not measured "
-        "under GPU tensor parallelism). Each floor is the median of "
+        "under GPU tensor parallelism); neo.eager_decode_layer_s = the small batch's 8 "
+        "decodes alone, the same way (the floor of NEO's eagerly run decode sub-batches; "
+        "not measured under GPU tensor parallelism). Each floor is the median of "
         f"{len(floors)} measurements at the start, middle and end of the run (the host's "
         "speed drifts): eager "
-        + ", ".join(f"{e * 1e3:.3f}" for e, _ in floors) + " ms"
-        + ("; beside " + ", ".join(f"{b * 1e3:.3f}" for _, b in floors) + " ms"
-           if beside is not None else "") + "."
+        + ", ".join(f"{e * 1e3:.3f}" for e, _, _ in floors) + " ms"
+        + ("; beside " + ", ".join(f"{b * 1e3:.3f}" for _, b, _ in floors) + " ms"
+           if beside is not None else "")
+        + ("; NEO decode " + ", ".join(f"{d * 1e3:.3f}" for _, _, d in floors) + " ms"
+           if decode is not None else "") + "."
         + (f" GPU tensor parallel over {opt.gpu_tp} ranks: every GPU table, the assists and "
            "the eager layer were timed on all ranks at once, each with its shard of the layer "
            "(all-reduces included), keeping the slowest rank's time (rank-critical); the link "
@@ -442,6 +449,6 @@ def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, 
         "assist": {"g_p": v["assist.g_p"], "g_lA": v["assist.g_lA"], "g_lS": v["assist.g_lS"],
                    "q": q, "o": o, "poll_s": poll},
         "link": link,
-        "neo": {"launch_s": launch},
+        "neo": {"launch_s": launch, "eager_decode_layer_s": decode},
     }
     return Profile.model_validate(data)

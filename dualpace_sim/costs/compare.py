@@ -78,6 +78,8 @@ def scalar_comparison(first: Profile, second: Profile
         ("gpu.kv_capacity_blocks", first.gpu.kv_capacity_blocks, second.gpu.kv_capacity_blocks),
         ("cpu.kv_capacity_blocks", first.cpu.kv_capacity_blocks, second.cpu.kv_capacity_blocks),
         ("neo.launch_s", first.neo.launch_s, second.neo.launch_s),
+        ("neo.eager_decode_layer_s", first.neo.eager_decode_layer_s,
+         second.neo.eager_decode_layer_s),
     ]
     return out
 

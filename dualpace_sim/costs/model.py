@@ -181,6 +181,7 @@ class CostModel:
         self.cpu_iteration_overhead = profile.cpu.iteration_overhead_s
         self.poll_s = profile.assist.poll_s
         self.neo_launch_s = profile.neo.launch_s
+        self.neo_eager_decode_layer = profile.neo.eager_decode_layer_s or 0.0
         self._link = profile.link
 
         g, c, a = profile.gpu, profile.cpu, profile.assist
@@ -245,6 +246,12 @@ class CostModel:
     def gpu_eager_floor(self, beside_cpu: bool = False) -> float:
         """The host's launch floor of one eagerly run layer (0 where the profile has none)."""
         return self.gpu_eager_layer_beside_cpu if beside_cpu else self.gpu_eager_layer
+
+    def neo_eager_floor(self, prefills: bool) -> float:
+        """The host's launch floor of one layer of a NEO sub-batch, which runs eagerly
+        (SwiftLLM captures no CUDA graphs): a mixed batch's with prefills, a decode batch's
+        without (0 where the profile has none)."""
+        return self.gpu_eager_layer if prefills else self.neo_eager_decode_layer
 
     def gpu_linear(self, n_tokens: int) -> float:
         """All non-attention work of one layer for `n_tokens` rows (NEO's linr_T)."""

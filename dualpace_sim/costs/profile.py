@@ -309,6 +309,12 @@ class NeoCosts(StrictModel):
     # NEO hard-codes its CPU launch term to 0.8 ms (swiftllm perfpredictor `lnch_T`).
     launch_s: NonNegativeFloat = Field(
         0.0008, description="NEO's CPU launch term lnch_T in its overlap checks (paper Eq. 1)")
+    eager_decode_layer_s: NonNegativeFloat | None = Field(
+        default=None,
+        description="host time to issue one layer of a decode-only batch without CUDA graphs: "
+                    "NEO (SwiftLLM) runs every iteration eagerly, so each sub-batch without "
+                    "prefills holds a layer at least this long (one with prefills: "
+                    "gpu.eager_layer_s); none = no floor for those")
 
 
 class ControlsFit(StrictModel):
@@ -440,7 +446,7 @@ _CONSTANTS = (
     "gpu.iteration_overhead_s", "gpu.eager_layer_s", "gpu.eager_layer_beside_cpu_s",
     "cpu.iteration_overhead_s", "assist.q.p",
     "assist.q.lA", "assist.q.lS", "assist.o.p", "assist.o.lA", "assist.o.lS", "assist.poll_s",
-    "link.latency_s", "neo.launch_s",
+    "link.latency_s", "neo.launch_s", "neo.eager_decode_layer_s",
 )
 PER_LAYER_MAX_S, PER_LAYER_FIRST_MAX_S = 10.0, 0.1
 WHOLE_MODEL_MAX_S, WHOLE_MODEL_FIRST_MAX_S = 100.0, 1.0

@@ -12,11 +12,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from dualpace_sim.core import Request
 from dualpace_sim.core.journal import JOURNAL_FILE, Journal
+from dualpace_sim.core.neo import NeoPlan, layer_time
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs.fit import route_cost
-from dualpace_sim.replay import _DualPaceCalls, _VllmCalls
+from dualpace_sim.replay import journal_calls
+from dualpace_sim.sim.neo import executed_layer_s
 from dualpace_sim.validate import load_for_real_run
 
 
@@ -73,10 +74,7 @@ class CpuStep:
 def _replaying(scenario: str, real: str, policy: str, costs: str | None = None):
     # with the profile the run used, or priced with `costs` (another profile of the box)
     loaded = load_for_real_run(scenario, Path(real), Path(costs) if costs else None)[0]
-    bs = loaded.policy_config(policy).block_size
-    requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, bs)
-                for i, s in enumerate(loaded.requests)]
-    calls = (_DualPaceCalls if policy == "dualpace" else _VllmCalls)(loaded, requests)
+    calls = journal_calls(loaded, policy)[1]
     return loaded.cost, calls, Journal.read(f"{real}/{JOURNAL_FILE.format(policy=policy)}")
 
 
@@ -131,4 +129,61 @@ def gpu_rounds(scenario: str, real: str, policy: str, costs: str | None = None
             start, tokens, prefill, fixed, layer, busy, to_cpu = pending
             yield GpuRound(index, tokens, prefill, e.t - start, fixed, layer, cost.n_layers,
                            busy, to_cpu)
+            index, pending = index + 1, None
+
+
+@dataclass(frozen=True)
+class NeoRound:
+    """A NEO iteration with a forward: its plan, its real time and the simulator's price."""
+
+    index: int  # 0-based, in the run's order
+    plan: NeoPlan
+    real_s: float  # schedule to apply (its swaps, forward and CPU prefills' copies)
+    fixed_s: float  # the model's pre-layer + post-layer + iteration overhead
+    predicted_layer_s: float  # what NEO decided with (its tables: layer_time)
+    executed_layer_s: float  # what the simulator charges (with the host's eager floor)
+    swap_s: float  # the model's time for its swaps (both directions at once, before the forward)
+    n_layers: int
+
+    @property
+    def model_s(self) -> float:
+        """The simulator's price of the iteration, as `NeoNode` charges it (its CPU prefills'
+        copies land under the forward)."""
+        return self.swap_s + self.fixed_s + self.n_layers * self.executed_layer_s
+
+    @property
+    def predicted_s(self) -> float:
+        """The same with the predictor's layer time (the model before the eager floor)."""
+        return self.swap_s + self.fixed_s + self.n_layers * self.predicted_layer_s
+
+    @property
+    def layer_real_s(self) -> float:
+        """What one layer took in the real run, if the fixed part and swaps were as modelled."""
+        return (self.real_s - self.swap_s - self.fixed_s) / self.n_layers
+
+
+def neo_rounds(scenario: str, real: str, costs: str | None = None) -> Iterator[NeoRound]:
+    """NEO's iterations with a forward in the real run directory `real` of `scenario` (priced
+    with the profile `costs` where given), each beside the simulator's price for its plan."""
+    cost, calls, journal = _replaying(scenario, real, "neo", costs)
+    tables, block = calls.sched.p, cost.kv_block_bytes
+    pending, index = None, 0
+    for e in journal.entries:
+        calls(e)
+        if e.engine != "gpu":
+            continue
+        plan = calls.plan
+        if e.call == "schedule" and plan.batches:
+            width = sum(b.width for b in plan.batches)
+            rows = sum(len(b) for b in plan.batches)
+            fixed = (cost.gpu_pre_layer(width) + cost.gpu_post_layer(rows)
+                     + cost.gpu_round_overhead(rows))
+            swap = max(cost.d2h_time(plan.swap_out_blocks * block),
+                       cost.h2d_time(plan.swap_in_blocks * block))
+            pending = (e.t, plan, fixed, layer_time(plan, tables),
+                       executed_layer_s(plan, tables, cost), swap)
+        elif e.call == "apply" and pending is not None:
+            start, plan, fixed, predicted, executed, swap = pending
+            yield NeoRound(index, plan, e.t - start, fixed, predicted, executed, swap,
+                           cost.n_layers)
             index, pending = index + 1, None
