@@ -7,8 +7,8 @@ This measures, as `dualpace-hw profile` does, `gpu.eager_layer_s` (one layer of 
 batch, back to back) and `neo.eager_decode_layer_s` (its 8 decodes alone), then runs whole
 eager decode rounds of the full-depth model (NEO's GPU-only iteration: the same kernels in the
 same order) and sets each beside the simulator's price with the measured floor, and with the
-given profile as it is. `--write-profile` writes --profile with the measured `neo.eager_decode_layer_s`, for
-`dualpace-sim validate --costs`.
+given profile as it is. `--write-profile` writes --profile with the measured
+`neo.eager_decode_layer_s`, for `dualpace-sim validate --costs`.
 
     python benchmarks/neo_floors.py --profile calibration/h200-spr16/llama-3.1-8b.yaml \\
         --write-profile /tmp/llama-3.1-8b-neo.yaml
