@@ -35,6 +35,13 @@ class EngineState:
         # Σ finish-peak of the GPU ownership queue (gpu_running and the prefills bound for
         # HBM), kept up to date as requests join and leave it rather than summed every round.
         self.gpu_queue_peak = 0
+        # Σ decode context of gpu_running (each request's KV length after its next step) and
+        # the requests of gpu_running whose next step needs HBM blocks (Request.next_blocks >
+        # 0), in queue order: a round of the whole queue reads them instead of a pass over
+        # every row. The GPU round keeps both up to date as requests join, leave, decode and
+        # get their blocks.
+        self.gpu_context = 0
+        self.gpu_growing: list[Request] = []
         self.copy_group: list[Request] = []  # Prefill-to-CPU requests whose copies are in flight
         self.finished: list[Request] = []
         self.rounds = RoundLog()  # when each engine emitted tokens (Request.spans index it)
@@ -139,6 +146,12 @@ class EngineState:
             r.peak_blocks for r in self.gpu_prefilling if not r.to_cpu)
         assert queue_peak == self.gpu_queue_peak, (
             f"GPU queue peak {self.gpu_queue_peak}, actual {queue_peak}")
+        context = sum(r.kv_tokens_after_step for r in self.gpu_running)
+        assert context == self.gpu_context, f"GPU context {self.gpu_context}, actual {context}"
+        bs = self.config.block_size
+        growing = [r.req_id for r in self.gpu_running if r.next_blocks(bs)]
+        kept = [r.req_id for r in self.gpu_growing]
+        assert kept == growing, f"GPU growing {kept}, actual {growing} (in queue order)"
         assert self.host_envelope_fits(), (
             f"host envelope: used {self.host.used} + growth {self.cpu_growth} + waiting growth "
             f"{self.waiting_growth()} + migration {self.b_migration} > capacity "

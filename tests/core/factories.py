@@ -64,6 +64,9 @@ def gpu_running(st: EngineState, r: Request, blocks: int | None = None) -> Reque
     r.owner, r.ready, r.transit_to = Owner.GPU, True, None
     st.gpu_running.append(r)
     st.gpu_queue_peak += r.peak_blocks
+    st.gpu_context += r.kv_tokens_after_step
+    if r.next_blocks(st.config.block_size):
+        st.gpu_growing.append(r)
     st.n_submitted += 1
     return r
 
