@@ -15,7 +15,7 @@ from .blocks import retire_finished
 from .envelope import envelope_fits, extend_reserve, migration_reserve, tail_reserve
 from .plans import GpuPlan, GpuResult, PrefillChunk
 from .request import Owner, Request, blocks_for, emit_batch
-from .state import EngineState
+from .state import EngineState, host_growth
 
 
 @dataclass(slots=True)
@@ -96,7 +96,7 @@ class GpuScheduler:
             queue_peak=queue_peak,
             migration=tail_reserve(self._tail_peaks(victims), queue_peak, cfg.gpu_kv_blocks),
             host_planned=plan.swap_out_blocks,  # swap-outs are same-round host allocations
-            host_growth=st.cpu_growth + st.waiting_growth() + sum(
+            host_growth=st.cpu_growth + st.waiting_growth + sum(
                 v.peak_blocks - len(v.blocks) for v in plan.swap_outs),
             staging=cfg.staging_blocks,
         )
@@ -145,7 +145,7 @@ class GpuScheduler:
         prefill_peaks = [r.peak_blocks for r in st.gpu_prefilling if not r.to_cpu]
         chosen: set[int] = set()
         planned = freed = 0
-        growth = st.cpu_growth + st.waiting_growth()  # a victim's growth joins it on the host
+        growth = st.cpu_growth + st.waiting_growth  # a victim's growth joins it on the host
         for i in range(len(running) - 1, -1, -1):
             if freed >= deficit:
                 break
@@ -322,12 +322,14 @@ class GpuScheduler:
                 v.blocks = st.host.allocate(len(v.blocks))
                 v.ready, v.transit_to = False, Owner.CPU
                 st.cpu_waiting.appendleft(v)
+                st.waiting_growth += host_growth(v)
             for r in st.marked:  # an evicting round gives up its deferred swap-ins
                 r.marked = False
             st.marked = []
         for r in plan.swap_ins:  # their blocks cover the next step: they join not growing
             head = st.cpu_waiting.popleft()
             assert head is r, "swap-ins must be a FIFO prefix of the CPU waiting queue"
+            st.waiting_growth -= host_growth(r)
             r.source_blocks = r.blocks
             r.blocks = st.hbm.allocate(len(r.blocks) + r.next_blocks(bs))
             r.ready, r.transit_to = False, Owner.GPU
@@ -362,7 +364,9 @@ class GpuScheduler:
             pool = st.host if c.to_cpu else st.hbm
             r.blocks = pool.allocate(blocks_for(r.prompt_tokens, bs))
             st.gpu_prefilling.append(r)
-            if not c.to_cpu:
+            if c.to_cpu:
+                st.waiting_growth += host_growth(r)
+            else:
                 st.gpu_queue_peak += r.peak_blocks
         if c.to_cpu:
             st.copy_group.append(r)

@@ -20,6 +20,7 @@ from dualpace_sim.core import (
     SchedulerConfig,
     blocks_for,
 )
+from dualpace_sim.core.state import host_growth
 
 BS = 4  # block size used throughout the unit tests: small numbers are easy to check by hand
 
@@ -85,7 +86,9 @@ def gpu_prefilling(
     r.blocks = pool.allocate(blocks_for(r.prompt_tokens, st.config.block_size))
     r.prefilled, r.to_cpu = prefilled, to_cpu
     st.gpu_prefilling.append(r)
-    if not to_cpu:
+    if to_cpu:
+        st.waiting_growth += host_growth(r)
+    else:
         st.gpu_queue_peak += r.peak_blocks
     st.n_submitted += 1
     return r
@@ -112,6 +115,7 @@ def cpu_waiting(
     else:
         r.owner, r.ready, r.transit_to = Owner.GPU, False, Owner.CPU
     st.cpu_waiting.append(r)
+    st.waiting_growth += host_growth(r)
     st.n_submitted += 1
     return r
 
