@@ -94,7 +94,8 @@ class GpuScheduler:
             hbm=hbm_left - sum(len(r.blocks) + 1 for r in st.marked),
             peak=queue_peak + marked_peak,
             queue_peak=queue_peak,
-            migration=tail_reserve(self._tail_peaks(victims), queue_peak, cfg.gpu_kv_blocks),
+            migration=tail_reserve(self._tail_peaks(victims), queue_peak, cfg.gpu_kv_blocks)
+            if queue_peak > cfg.gpu_kv_blocks else 0,  # a queue that fits HBM reserves nothing
             host_planned=plan.swap_out_blocks,  # swap-outs are same-round host allocations
             host_growth=st.cpu_growth + st.waiting_growth + sum(
                 v.peak_blocks - len(v.blocks) for v in plan.swap_outs),
