@@ -327,7 +327,7 @@ class GpuScheduler:
             for r in st.marked:  # an evicting round gives up its deferred swap-ins
                 r.marked = False
             st.marked = []
-        for r in plan.swap_ins:  # their blocks cover the next step: they join not growing
+        for r in plan.swap_ins:  # their blocks cover the next step: none of them is growing
             head = st.cpu_waiting.popleft()
             assert head is r, "swap-ins must be a FIFO prefix of the CPU waiting queue"
             st.waiting_growth -= host_growth(r)
