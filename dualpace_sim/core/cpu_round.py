@@ -10,7 +10,7 @@ from .blocks import retire_finished
 from .plans import CpuPlan, CpuResult
 from .request import Owner, Request, emit_batch
 from .routing import route_for
-from .state import EngineState
+from .state import EngineState, host_growth
 
 
 class CpuScheduler:
@@ -73,8 +73,9 @@ class CpuScheduler:
         st, bs = self.state, self.state.config.block_size
         if plan.held_back:
             st.cpu_waiting.extendleft(reversed(plan.held_back))
+            st.waiting_growth += sum(host_growth(r) for r in plan.held_back)
         for _ in range(plan.admitted):
-            st.cpu_waiting.popleft()
+            st.waiting_growth -= host_growth(st.cpu_waiting.popleft())
         growth = 0
         for r in plan.batch:
             n = -(-(r.prompt_tokens + r.generated) // bs) - len(r.blocks)

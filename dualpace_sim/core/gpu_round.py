@@ -15,7 +15,7 @@ from .blocks import retire_finished
 from .envelope import envelope_fits, extend_reserve, migration_reserve, tail_reserve
 from .plans import GpuPlan, GpuResult, PrefillChunk
 from .request import Owner, Request, blocks_for, emit_batch
-from .state import EngineState
+from .state import EngineState, host_growth
 
 
 @dataclass(slots=True)
@@ -51,17 +51,15 @@ class GpuScheduler:
             plan.wait_for_copies = True
             return plan
 
-        # 2. Restore next-token HBM feasibility. One pass over the queue: each request's KV
-        #    length after its next step, and the blocks that step adds (Request.next_blocks).
+        # 2. Restore next-token HBM feasibility, from the running totals of the queue: the
+        #    requests whose next step needs blocks and the Σ decode context.
         running = st.gpu_running
-        kv = [r.prompt_tokens + r.generated for r in running]
-        needs = [-(-k // bs) - len(r.blocks) for r, k in zip(running, kv, strict=True)]
-        if needs and min(needs) < 0:  # more blocks than the KV needs: nothing to add
-            needs = [n if n > 0 else 0 for n in needs]
+        grow = sum(r.next_blocks(bs) for r in st.gpu_growing)
         hbm_free = st.hbm.free
-        deficit = sum(needs) - hbm_free
+        deficit = grow - hbm_free
         decodes = running
         if deficit > 0:
+            needs = [r.next_blocks(bs) for r in running]
             victims, freed = self._choose_victims(deficit, needs)
             if victims and freed < deficit:  # partial relief: a migration-only round
                 return self._with_swap_outs(plan, victims)
@@ -77,10 +75,9 @@ class GpuScheduler:
                         decodes.append(r)
                         room -= n
         rows = min(cfg.gpu_max_rows, cfg.gpu_hard_token_limit)
-        if decodes is running:  # the whole queue, or its head: reuse the pass above
-            decodes = running[:rows]
-            hbm_left = hbm_free - sum(needs[:rows])
-            context = sum(kv[:rows])
+        if decodes is running and len(running) <= rows:  # the whole queue: the totals
+            hbm_left = hbm_free - grow
+            context = st.gpu_context
         else:
             decodes = decodes[:rows]
             hbm_left = hbm_free - sum(r.next_blocks(bs) for r in decodes)
@@ -97,9 +94,10 @@ class GpuScheduler:
             hbm=hbm_left - sum(len(r.blocks) + 1 for r in st.marked),
             peak=queue_peak + marked_peak,
             queue_peak=queue_peak,
-            migration=tail_reserve(self._tail_peaks(victims), queue_peak, cfg.gpu_kv_blocks),
+            migration=tail_reserve(self._tail_peaks(victims), queue_peak, cfg.gpu_kv_blocks)
+            if queue_peak > cfg.gpu_kv_blocks else 0,  # a queue that fits HBM reserves nothing
             host_planned=plan.swap_out_blocks,  # swap-outs are same-round host allocations
-            host_growth=st.cpu_growth + st.waiting_growth() + sum(
+            host_growth=st.cpu_growth + st.waiting_growth + sum(
                 v.peak_blocks - len(v.blocks) for v in plan.swap_outs),
             staging=cfg.staging_blocks,
         )
@@ -148,7 +146,7 @@ class GpuScheduler:
         prefill_peaks = [r.peak_blocks for r in st.gpu_prefilling if not r.to_cpu]
         chosen: set[int] = set()
         planned = freed = 0
-        growth = st.cpu_growth + st.waiting_growth()  # a victim's growth joins it on the host
+        growth = st.cpu_growth + st.waiting_growth  # a victim's growth joins it on the host
         for i in range(len(running) - 1, -1, -1):
             if freed >= deficit:
                 break
@@ -317,18 +315,22 @@ class GpuScheduler:
         if plan.swap_outs:
             gone = {id(v) for v in plan.swap_outs}
             st.gpu_running = [r for r in st.gpu_running if id(r) not in gone]
+            st.gpu_growing = [r for r in st.gpu_growing if id(r) not in gone]
             for v in reversed(plan.swap_outs):  # oldest victim ends up first
                 st.gpu_queue_peak -= v.peak_blocks
+                st.gpu_context -= v.kv_tokens_after_step
                 st.hbm.release(v.blocks)
                 v.blocks = st.host.allocate(len(v.blocks))
                 v.ready, v.transit_to = False, Owner.CPU
                 st.cpu_waiting.appendleft(v)
+                st.waiting_growth += host_growth(v)
             for r in st.marked:  # an evicting round gives up its deferred swap-ins
                 r.marked = False
             st.marked = []
-        for r in plan.swap_ins:
+        for r in plan.swap_ins:  # their blocks cover the next step: none of them is growing
             head = st.cpu_waiting.popleft()
             assert head is r, "swap-ins must be a FIFO prefix of the CPU waiting queue"
+            st.waiting_growth -= host_growth(r)
             r.source_blocks = r.blocks
             r.blocks = st.hbm.allocate(len(r.blocks) + r.next_blocks(bs))
             r.ready, r.transit_to = False, Owner.GPU
@@ -337,10 +339,15 @@ class GpuScheduler:
                 st.marked.remove(r)
             st.gpu_running.append(r)
             st.gpu_queue_peak += r.peak_blocks
-        for r in plan.decodes[: len(plan.decodes) - len(plan.swap_ins)]:  # swap-ins come last
-            n = -(-(r.prompt_tokens + r.generated) // bs) - len(r.blocks)
-            if n > 0:  # Request.next_blocks, inline: this runs for every decode of every round
-                r.blocks.extend(st.hbm.allocate(n))
+            st.gpu_context += r.kv_tokens_after_step
+        if len(plan.decodes) == len(st.gpu_running):  # the whole queue decodes
+            growing, st.gpu_growing = st.gpu_growing, []
+        else:  # a subset (or none): only its growing requests get their blocks
+            decoding = {id(r) for r in plan.decodes}
+            growing = [r for r in st.gpu_growing if id(r) in decoding]
+            st.gpu_growing = [r for r in st.gpu_growing if id(r) not in decoding]
+        for r in growing:
+            r.blocks.extend(st.hbm.allocate(r.next_blocks(bs)))
         for c in plan.prefills:
             self._commit_prefill(c)
         for r in plan.marks:
@@ -358,7 +365,9 @@ class GpuScheduler:
             pool = st.host if c.to_cpu else st.hbm
             r.blocks = pool.allocate(blocks_for(r.prompt_tokens, bs))
             st.gpu_prefilling.append(r)
-            if not c.to_cpu:
+            if c.to_cpu:
+                st.waiting_growth += host_growth(r)
+            else:
                 st.gpu_queue_peak += r.peak_blocks
         if c.to_cpu:
             st.copy_group.append(r)
@@ -371,8 +380,12 @@ class GpuScheduler:
 
     def apply(self, plan: GpuPlan, result: GpuResult) -> None:
         """Record sampled tokens; finished requests release HBM; new decodes join the queue."""
-        st, t = self.state, result.end_s
+        st, t, bs = self.state, result.end_s, self.state.config.block_size
         done = emit_batch(plan.decodes, t, Owner.GPU, st.rounds)
+        st.gpu_context += len(plan.decodes)
+        if plan.decodes:  # the one pass per row: whose next step now needs a block
+            st.gpu_growing = [r for r in st.gpu_running
+                              if -(-(r.prompt_tokens + r.generated) // bs) > len(r.blocks)]
         for c in plan.prefills:
             r = c.req
             r.prefilled += c.tokens
@@ -389,7 +402,13 @@ class GpuScheduler:
                 st.gpu_queue_peak -= r.peak_blocks
             else:
                 st.gpu_running.append(r)
+                st.gpu_context += r.kv_tokens_after_step
+                if r.next_blocks(bs):
+                    st.gpu_growing.append(r)
         if done:
             before = len(st.finished)
             st.gpu_running = retire_finished(st.gpu_running, st.hbm, st.finished)
-            st.gpu_queue_peak -= sum(r.peak_blocks for r in st.finished[before:])
+            retired = st.finished[before:]
+            st.gpu_queue_peak -= sum(r.peak_blocks for r in retired)
+            st.gpu_context -= sum(r.kv_tokens_after_step for r in retired)
+            st.gpu_growing = [r for r in st.gpu_growing if not r.finished]

@@ -199,6 +199,9 @@ class NeoScheduler:
         self.waiting: deque[Request] = deque()
         self.gpu_q: list[Request] = []
         self.cpu_q: deque[Request] = deque()
+        # Σ _blocks over cpu_q, kept up to date as requests join, leave and decode there: the
+        # CPU threshold reads it every iteration, and the queue grows past saturation.
+        self.cpu_q_blocks = 0
         self.finished: list[Request] = []
         self.rounds = RoundLog()  # when each engine emitted tokens (Request.spans index it)
         self.n_submitted = 0
@@ -230,6 +233,7 @@ class NeoScheduler:
             r = self.gpu_q.pop()
             self.cpu_q.appendleft(r)
             gpu_needed -= self._blocks(r)
+            self.cpu_q_blocks += self._blocks(r)
             budget.refund(1)
             plan.swap_outs.append(r)
         # Swap-in from the head at 95%, strict head-of-line, never in a swap-out iteration.
@@ -239,11 +243,11 @@ class NeoScheduler:
                 break
             self.gpu_q.append(self.cpu_q.popleft())
             gpu_needed += self._blocks(head)
+            self.cpu_q_blocks -= self._blocks(head)
             plan.swap_ins.append(head)
         # Prefill candidates, FCFS; the first CPU-bound prompt sends all later ones to the CPU.
         itm_needed = 0
-        cpu_needed = sum(-(-(r.prompt_tokens + r.generated) // bs)  # Σ _blocks, inline
-                         for r in self.cpu_q)
+        cpu_needed = self.cpu_q_blocks
         b0 = SubBatch.with_gpu_decodes(self.gpu_q)
         for r in self.waiting:
             blk = blocks_for(r.prompt_tokens, bs)
@@ -339,6 +343,7 @@ class NeoScheduler:
                 r.owner = Owner.CPU
                 r.migrations.append((now, "prefill_to_cpu"))
                 self.cpu_q.append(r)
+                self.cpu_q_blocks += self._blocks(r)
             for pool, decodes in ((self.hbm, b.gpu_decodes), (self.host, b.cpu_decodes)):
                 for r in decodes:
                     grow = self._blocks(r) - len(r.blocks)
@@ -364,12 +369,17 @@ class NeoScheduler:
     def apply(self, plan: NeoPlan, end_s: float) -> None:
         """Every request in the iteration gets exactly one token."""
         done = False
+        on_cpu = [r for b in plan.batches for r in b.cpu_prefills + b.cpu_decodes]
+        self.cpu_q_blocks -= sum(self._blocks(r) for r in on_cpu)  # their KV grows by one
         for b in plan.batches:
             done |= emit_batch(b.prefills + b.gpu_decodes, end_s, Owner.GPU, self.rounds)
             done |= emit_batch(b.cpu_decodes, end_s, Owner.CPU, self.rounds)
+        self.cpu_q_blocks += sum(self._blocks(r) for r in on_cpu)
         if done:
             self.gpu_q = retire_finished(self.gpu_q, self.hbm, self.finished)
+            before = len(self.finished)
             self.cpu_q = deque(retire_finished(self.cpu_q, self.host, self.finished))
+            self.cpu_q_blocks -= sum(self._blocks(r) for r in self.finished[before:])
 
     def check_invariants(self) -> None:
         queues = (self.waiting, self.gpu_q, self.cpu_q, self.finished)
@@ -379,3 +389,6 @@ class NeoScheduler:
         assert sum(len(r.blocks) for r in self.cpu_q) == self.host.used, "host accounting"
         assert all(r.owner == Owner.GPU for r in self.gpu_q)
         assert all(r.owner == Owner.CPU for r in self.cpu_q)
+        cpu_blocks = sum(self._blocks(r) for r in self.cpu_q)
+        assert cpu_blocks == self.cpu_q_blocks, (
+            f"Σ blocks of cpu_q {self.cpu_q_blocks}, actual {cpu_blocks}")

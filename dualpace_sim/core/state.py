@@ -16,6 +16,12 @@ from .envelope import envelope_fits
 from .request import Owner, Request, RoundLog
 
 
+def host_growth(r: Request) -> int:
+    """The blocks (b̂ - b) a host-bound request may still add before its finish-peak."""
+    growth = r.peak_blocks - len(r.blocks)
+    return growth if growth > 0 else 0
+
+
 class EngineState:
     """Queues, pools and published quantities of one serving node."""
 
@@ -32,9 +38,25 @@ class EngineState:
         self.b_migration = 0  # B_migration, published by each GPU round
         self.b_migration_next = 0  # the value the GPU round being committed will publish
         self.cpu_growth = 0  # B_growth = Σ over cpu_running of (b̂ - b)
+        # The same over the host-bound requests that are not CPU-running (host_growth): CPU
+        # waiting (ready, swapping out or copying in) and Prefill-to-CPU prompts still
+        # prefilling, kept up to date as they join and leave those queues.
+        #
+        # Eq. 3 reserves growth for CPU-running requests only, so as written a small host
+        # filled by waiting requests can deadlock: none of them fits the CPU's budget, and none
+        # leaves. The core also reserves theirs (docs/liveness.md): every request bound for
+        # the host can then reach its finish-peak, whatever the interleaving.
+        self.waiting_growth = 0
         # Σ finish-peak of the GPU ownership queue (gpu_running and the prefills bound for
         # HBM), kept up to date as requests join and leave it rather than summed every round.
         self.gpu_queue_peak = 0
+        # Σ decode context of gpu_running (each request's KV length after its next step) and
+        # the requests of gpu_running whose next step needs HBM blocks (Request.next_blocks >
+        # 0), in queue order: a round of the whole queue reads them instead of a pass over
+        # every row. The GPU round keeps both up to date as requests join, leave, decode and
+        # get their blocks.
+        self.gpu_context = 0
+        self.gpu_growing: list[Request] = []
         self.copy_group: list[Request] = []  # Prefill-to-CPU requests whose copies are in flight
         self.finished: list[Request] = []
         self.rounds = RoundLog()  # when each engine emitted tokens (Request.spans index it)
@@ -47,22 +69,10 @@ class EngineState:
         self.gpu_waiting.append(req)
         self.n_submitted += 1
 
-    def waiting_growth(self) -> int:
-        """The growth (b̂ - b) of the host-bound requests that are not CPU-running: CPU waiting
-        (ready, swapping out or copying in) and Prefill-to-CPU prompts still prefilling.
-
-        Eq. 3 reserves growth for CPU-running requests only, so as written a small host filled
-        by waiting requests can deadlock: none of them fits the CPU's budget, and none leaves.
-        The core also reserves theirs (docs/liveness.md): every request bound for the host can
-        then reach its finish-peak, whatever the interleaving.
-        """
-        bound = chain(self.cpu_waiting, (r for r in self.gpu_prefilling if r.to_cpu))
-        return sum(max(r.peak_blocks - len(r.blocks), 0) for r in bound)
-
     def host_envelope_fits(self, planned: int = 0, migration: int | None = None) -> bool:
-        """Eq. 2 with B_growth over every host-bound request (:meth:`waiting_growth`)."""
+        """Eq. 2 with B_growth over every host-bound request (`waiting_growth` too)."""
         m = self.b_migration if migration is None else migration
-        growth = self.cpu_growth + self.waiting_growth()
+        growth = self.cpu_growth + self.waiting_growth
         return envelope_fits(self.host.used, planned, growth, m, self.host.capacity)
 
     def cpu_owned_count(self) -> int:
@@ -92,6 +102,7 @@ class EngineState:
             r.owner, r.ready, r.transit_to = Owner.CPU, True, None
             r.migrations.append((t, "prefill_to_cpu"))
             if r.finished:  # max_tokens == 1: the first token finished it
+                self.waiting_growth -= host_growth(r)
                 self.host.release(r.blocks)
                 r.blocks = []
                 self.finished.append(r)
@@ -135,12 +146,22 @@ class EngineState:
         assert host_held == self.host.used, f"host accounting: {host_held} vs {self.host.used}"
         growth = sum(max(r.peak_blocks - len(r.blocks), 0) for r in self.cpu_running)
         assert growth == self.cpu_growth, f"B_growth {self.cpu_growth}, actual {growth}"
+        bound = chain(self.cpu_waiting, (r for r in self.gpu_prefilling if r.to_cpu))
+        waiting = sum(host_growth(r) for r in bound)
+        assert waiting == self.waiting_growth, (
+            f"waiting growth {self.waiting_growth}, actual {waiting}")
         queue_peak = sum(r.peak_blocks for r in self.gpu_running) + sum(
             r.peak_blocks for r in self.gpu_prefilling if not r.to_cpu)
         assert queue_peak == self.gpu_queue_peak, (
             f"GPU queue peak {self.gpu_queue_peak}, actual {queue_peak}")
+        context = sum(r.kv_tokens_after_step for r in self.gpu_running)
+        assert context == self.gpu_context, f"GPU context {self.gpu_context}, actual {context}"
+        bs = self.config.block_size
+        growing = [r.req_id for r in self.gpu_running if r.next_blocks(bs)]
+        kept = [r.req_id for r in self.gpu_growing]
+        assert kept == growing, f"GPU growing {kept}, actual {growing} (in queue order)"
         assert self.host_envelope_fits(), (
             f"host envelope: used {self.host.used} + growth {self.cpu_growth} + waiting growth "
-            f"{self.waiting_growth()} + migration {self.b_migration} > capacity "
+            f"{self.waiting_growth} + migration {self.b_migration} > capacity "
             f"{self.host.capacity}"
         )

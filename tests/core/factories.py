@@ -20,6 +20,7 @@ from dualpace_sim.core import (
     SchedulerConfig,
     blocks_for,
 )
+from dualpace_sim.core.state import host_growth
 
 BS = 4  # block size used throughout the unit tests: small numbers are easy to check by hand
 
@@ -64,6 +65,9 @@ def gpu_running(st: EngineState, r: Request, blocks: int | None = None) -> Reque
     r.owner, r.ready, r.transit_to = Owner.GPU, True, None
     st.gpu_running.append(r)
     st.gpu_queue_peak += r.peak_blocks
+    st.gpu_context += r.kv_tokens_after_step
+    if r.next_blocks(st.config.block_size):
+        st.gpu_growing.append(r)
     st.n_submitted += 1
     return r
 
@@ -82,7 +86,9 @@ def gpu_prefilling(
     r.blocks = pool.allocate(blocks_for(r.prompt_tokens, st.config.block_size))
     r.prefilled, r.to_cpu = prefilled, to_cpu
     st.gpu_prefilling.append(r)
-    if not to_cpu:
+    if to_cpu:
+        st.waiting_growth += host_growth(r)
+    else:
         st.gpu_queue_peak += r.peak_blocks
     st.n_submitted += 1
     return r
@@ -109,6 +115,7 @@ def cpu_waiting(
     else:
         r.owner, r.ready, r.transit_to = Owner.GPU, False, Owner.CPU
     st.cpu_waiting.append(r)
+    st.waiting_growth += host_growth(r)
     st.n_submitted += 1
     return r
 

@@ -70,6 +70,8 @@ def _place(s: NeoScheduler, r: Request, owner: Owner) -> Request:
     r.blocks = pool.allocate(blocks_for(r.prompt_tokens + r.generated - 1, BS))
     r.owner = owner
     queue.append(r)
+    if owner == Owner.CPU:
+        s.cpu_q_blocks += blocks_for(r.kv_tokens_after_step, BS)
     s.n_submitted += 1
     return r
 
