@@ -18,12 +18,14 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from rounds import GpuRound, gpu_rounds, run_arguments, selected_runs
+from rounds import gpu_rounds, run_arguments, selected_runs
+
+from dualpace_sim.served_rounds import ServedRound
 
 CLASSES = ("decode only", "prefill, < 256 tokens", "prefill, 256-1,023", "prefill, >= 1,024")
 
 
-def round_class(r: GpuRound) -> str:
+def round_class(r: ServedRound) -> str:
     if not r.prefill:
         return CLASSES[0]
     return CLASSES[1] if r.n_tokens < 256 else CLASSES[2] if r.n_tokens < 1024 else CLASSES[3]
@@ -38,7 +40,7 @@ def main() -> None:
         for policy in ("dualpace", "vllm"):
             if not any(Path(real).glob(f"journal-{policy}.*")):
                 continue
-            by: dict[str, list[GpuRound]] = {c: [] for c in CLASSES}
+            by: dict[str, list[ServedRound]] = {c: [] for c in CLASSES}
             for r in gpu_rounds(scenario, real, policy, args.costs):
                 by[round_class(r)].append(r)
             rows = [(c, rs) for c, rs in by.items()]

@@ -17,25 +17,9 @@ from dualpace_sim.core.neo import NeoPlan, layer_time
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs.fit import route_cost
 from dualpace_sim.replay import journal_calls
+from dualpace_sim.served_rounds import ServedRound, served_rounds
 from dualpace_sim.sim.neo import executed_layer_s
 from dualpace_sim.validate import load_for_real_run
-
-
-@dataclass(frozen=True)
-class GpuRound:
-    index: int  # 0-based, in the run's order
-    n_tokens: int
-    prefill: bool  # has prefill chunks (runs eagerly; decode-only rounds replay CUDA graphs)
-    real_s: float  # schedule to apply, from the journal
-    fixed_s: float  # the model's pre-layer + post-layer + iteration overhead
-    layer_s: float  # the model's one layer
-    n_layers: int
-    cpu_step_in_flight: bool  # DualPace: a CPU step was scheduled and not yet applied
-    to_cpu_tokens: int = 0  # of its prefill tokens, those of Prefill-to-CPU chunks
-
-    @property
-    def model_s(self) -> float:
-        return self.fixed_s + self.n_layers * self.layer_s
 
 
 def run_arguments(description: str) -> argparse.Namespace:
@@ -102,34 +86,11 @@ def cpu_steps(scenario: str, real: str) -> Iterator[CpuStep]:
 
 
 def gpu_rounds(scenario: str, real: str, policy: str, costs: str | None = None
-               ) -> Iterator[GpuRound]:
+               ) -> Iterator[ServedRound]:
     """One policy's GPU rounds in the real run directory `real` of `scenario` (priced with
-    the profile `costs` where given)."""
-    cost, calls, journal = _replaying(scenario, real, policy, costs)
-    pending, index, cpu_step = None, 0, False
-    for e in journal.entries:
-        calls(e)
-        if e.engine == "cpu":
-            if e.call == "schedule":
-                cpu_step = calls.cpu_plan is not None and not calls.cpu_plan.is_empty
-            elif e.call == "apply":
-                cpu_step = False
-        elif e.engine == "gpu" and e.call == "schedule":
-            plan = calls.gpu_plan if policy == "dualpace" else calls.plan
-            if plan is not None and plan.has_forward and e.data.get("committed", True):
-                chunks = [(c.tokens, c.start + c.tokens) for c in plan.prefills]
-                layer = cost.gpu_layer(plan.n_tokens, chunks, len(plan.decodes),
-                                       plan.decode_context, beside_cpu=policy == "dualpace")
-                fixed = (cost.gpu_pre_layer(plan.n_tokens) + cost.gpu_post_layer(plan.n_sampled)
-                         + cost.gpu_round_overhead(len(plan.prefills) + len(plan.decodes)))
-                to_cpu = sum(c.tokens for c in plan.prefills if c.to_cpu)
-                pending = (e.t, plan.n_tokens, bool(plan.prefills), fixed, layer, cpu_step,
-                           to_cpu)
-        elif e.engine == "gpu" and e.call == "apply" and pending is not None:
-            start, tokens, prefill, fixed, layer, busy, to_cpu = pending
-            yield GpuRound(index, tokens, prefill, e.t - start, fixed, layer, cost.n_layers,
-                           busy, to_cpu)
-            index, pending = index + 1, None
+    the profile the run used, or `costs` where given): `dualpace_sim.served_rounds`."""
+    loaded = load_for_real_run(scenario, Path(real), Path(costs) if costs else None)[0]
+    return served_rounds(loaded, Path(real), policy)
 
 
 @dataclass(frozen=True)
