@@ -32,6 +32,7 @@ from .core.journal import (
 from .core.neo import NeoScheduler
 from .core.vllm import VllmScheduler
 from .costs.neo_tables import NeoTables
+from .node_series import StateLog, state_reader
 from .records import read_records, records_frame
 from .scenario import LoadedScenario
 
@@ -198,6 +199,24 @@ def replay(journal: Journal, loaded: LoadedScenario, policy: str,
         if not report.records_match:
             report.mismatches.append("replayed token times or owners differ from requests.parquet")
     return report
+
+
+def replay_states(journal: Journal, loaded: LoadedScenario, policy: str) -> pd.DataFrame:
+    """The scheduler state after each call of `journal`, recomputed by making its calls on
+    fresh schedulers (no clock needed: each call takes its recorded time), as
+    :meth:`node_series.StateLog.frame`: what a real run's ``state.parquet`` must hold."""
+    if policy not in REPLAYED_POLICIES:
+        raise ValueError(f"no replay for policy {policy!r}; the runtime runs "
+                         f"{', '.join(REPLAYED_POLICIES)}")
+    block_size = loaded.policy_config(policy).block_size
+    requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, block_size)
+                for i, s in enumerate(loaded.requests)]
+    calls = _CALLS[policy](loaded, requests)
+    states = StateLog(state_reader(calls.state if policy == "dualpace" else calls.sched))
+    for e in journal.entries:
+        calls(e)
+        states.sample(e.t)
+    return states.frame()
 
 
 def _outcomes(df: pd.DataFrame) -> list[tuple]:

@@ -27,6 +27,8 @@ from collections.abc import Callable
 
 import simpy
 
+from ..node_series import Intervals
+
 
 class GpuDevice:
     def __init__(self, env: simpy.Environment, poll_s: float, stage_mode: bool) -> None:
@@ -37,6 +39,7 @@ class GpuDevice:
         self.busy_s = 0.0  # GPU-main time, for utilization
         self.assist_s = 0.0  # time spent servicing Dense Assist
         self.assist_calls = 0
+        self.worked = Intervals()  # batches and assists, for utilisation over time
         # Called once a batch is set up, before the worker sleeps: lets the caller book the
         # assists that will meet it, so they are known before its end is scheduled.
         self.on_batch_start: Callable[[], None] | None = None
@@ -76,6 +79,7 @@ class GpuDevice:
             yield env.timeout(remaining)
         self.active = False
         self.busy_s += self._end - self._start
+        self.worked.add(self._start, env.now)  # assists it serviced inside fill the rest
         return self._start, self._first + n_layers * self._layer + self._shift
 
     def _begin(self, start: float) -> None:
@@ -99,6 +103,12 @@ class GpuDevice:
         """Book a Dense Assist that becomes ready at `ready_s`; returns its service start."""
         self.assist_calls += 1
         self.assist_s += service_s
+        start = self._assist_start(ready_s, service_s)
+        self.worked.add(start, start + service_s)
+        return start
+
+    def _assist_start(self, ready_s: float, service_s: float) -> float:
+        """Where an assist ready at `ready_s` is serviced (see :meth:`assist`)."""
         if self.active:
             if ready_s < self._start:  # the batch waits for an assist: queue in front of it
                 start = self.busy_until
