@@ -636,6 +636,7 @@ class VllmRuntime(Engines):
         while not self.stop.is_set():
             with self.work:
                 now = self.now()
+                self.note_call(now)
                 plan = self.sched.schedule(now)
                 self.journal.record(now, "gpu", "schedule", plan=describe_gpu(plan))
                 if not plan.has_forward:

@@ -213,6 +213,7 @@ def replay_states(journal: Journal, loaded: LoadedScenario, policy: str) -> pd.D
                 for i, s in enumerate(loaded.requests)]
     calls = _CALLS[policy](loaded, requests)
     states = StateLog(state_reader(calls.state if policy == "dualpace" else calls.sched))
+    states.sample(0.0)  # empty at the clock's start, as the runtime samples it
     for e in journal.entries:
         calls(e)
         states.sample(e.t)

@@ -130,6 +130,7 @@ class Node:
         env = self.env
         env.process(self._arrivals())
         self._start()
+        self._sample()  # empty at the start, before the first arrival
         env.run()
         unfinished = len(self.requests) - self._finished_count()
         if unfinished:
