@@ -68,7 +68,8 @@ SUMMARY: list[Row] = [
     ("median_<latency>_s", "s", "median of the latency"),
     ("std_<latency>_s", "s", "standard deviation of the latency (population, as numpy's)"),
     ("p<P>_<latency>_s", "s", "the P-th percentile of the latency (numpy's linear one)"),
-    ("gpu_utilisation", "", "share of the run (0-1) the GPU worker was busy"),
+    ("gpu_utilisation", "", "share of the run (0-1) the GPU worker was busy: batches and "
+                            "Dense Assist services (utilisation.parquet's gpu, over the run)"),
     ("cpu_utilisation", "", "share of the run the CPU engine was busy"),
     ("pcie_h2d_utilisation", "", "host-to-GPU bytes over what the profile's bandwidth moves in "
                                  "the run's time"),

@@ -75,7 +75,7 @@ def utilisation(stats, loaded: LoadedScenario) -> dict[str, float]:
     if end <= 0:
         return dict.fromkeys(UTILISATION_KEYS, math.nan)
     return dict(zip(UTILISATION_KEYS, (
-        stats.gpu_busy_s / end, stats.cpu_busy_s / end,
+        (stats.gpu_busy_s + stats.gpu_assist_s) / end, stats.cpu_busy_s / end,
         stats.h2d_bytes / (link.h2d_bytes_per_s * end),
         stats.d2h_bytes / (link.d2h_bytes_per_s * end)), strict=True))
 

@@ -137,3 +137,17 @@ def test_series_files_round_trip(runs, tmp_path):
     (tmp_path / "state.parquet").write_text("not parquet")
     with pytest.raises(ValueError, match="state.parquet: not readable"):
         read_series(tmp_path)
+
+
+@pytest.mark.parametrize("policy", ["dualpace", "vllm", "neo"])
+def test_the_summary_utilisation_is_the_series_over_the_whole_run(runs, policy):
+    """summary.json's busy shares are the utilisation series averaged over the run (the GPU's
+    with its assists, as the series; the links' also count carried activations at the
+    bandwidth, which may overlap a copy)."""
+    _, found = runs
+    records, summary = found[policy]
+    u = records.series.utilisation
+    width = (u["end_s"] - u["start_s"]).to_numpy()
+    for engine in ("gpu", "cpu"):
+        mean = float((u[engine].to_numpy() * width).sum() / u["end_s"].iloc[-1])
+        assert summary[f"{engine}_utilisation"] == pytest.approx(mean, rel=1e-9, abs=1e-12)
