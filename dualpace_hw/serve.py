@@ -21,7 +21,9 @@ from dualpace_sim.metrics import summarize
 from dualpace_sim.node_series import NodeSeries, record_series_counters, write_series
 from dualpace_sim.outputs import write_json
 from dualpace_sim.plots import plot_timeline
+from dualpace_sim.provenance import parquet_metadata, provenance, scenario_hash
 from dualpace_sim.records import records_frame, write_records
+from dualpace_sim.runner import stamp
 from dualpace_sim.scenario import LoadedScenario
 from dualpace_sim.trace_events import TraceRecorder, write_trace
 from dualpace_sim.validate import RUN_PROFILE
@@ -126,12 +128,14 @@ def record_policy(out: Path, loaded: LoadedScenario, policy: str, runtime, reque
 
 
 def write_results(out: Path, frames: dict[str, pd.DataFrame], summaries: list[dict],
-                  series: dict[str, NodeSeries]) -> None:
-    """The records, series and summaries so far, each file replaced atomically
-    (`dualpace_sim.outputs`): an interruption while a later policy writes keeps the earlier
-    ones'."""
-    write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet")
-    write_series(series, out)
+                  series: dict[str, NodeSeries], record: dict) -> None:
+    """The records, series and summaries so far (the Parquet files with the provenance
+    `record` as their metadata), each file replaced atomically (`dualpace_sim.outputs`): an
+    interruption while a later policy writes keeps the earlier ones'."""
+    metadata = parquet_metadata(record)
+    write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet",
+                  metadata)
+    write_series(series, out, metadata)
     write_json(out / "summary.json", summaries)
 
 
@@ -177,6 +181,7 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
                              f"({', '.join(loaded.spec.policies)}); name some of those")
     out.mkdir(parents=True, exist_ok=True)
     loaded.profile.save(out / RUN_PROFILE)  # what `dualpace-sim validate` compares it with
+    record, digest = provenance(loaded), scenario_hash(loaded.path)
     frames: dict[str, pd.DataFrame] = {}
     series: dict[str, NodeSeries] = {}
     summaries = []
@@ -206,8 +211,8 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
             out, loaded, policy, runtime, runtime.requests, loaded.spec.workload.rate,
             device=device, cpu_tp=cpu_tp, gpu_tp=gpu_tp, partial=stopped is not None,
             **({"stopped_by": stop_reason(stopped)} if stopped is not None else {}))
-        summaries.append(summary)
-        write_results(out, frames, summaries, series)
+        summaries.append(stamp(summary, digest, record))
+        write_results(out, frames, summaries, series, record)
         if trace_events is not None:
             write_trace(trace_events, traces)
         if stopped is not None:
@@ -315,7 +320,9 @@ def serve_real(loaded: LoadedScenario, checkpoint_path: Path, out: Path, policy:
     frame, summary, series = record_policy(out, loaded, policy, runtime, requests, None,
                                            device=device, cpu_tp=cpu_tp, gpu_tp=1, served=True,
                                            finished=dict(svc.finished))
-    write_results(out, {policy: frame}, [summary], {policy: series})
+    record = provenance(loaded)
+    summary = stamp(summary, scenario_hash(loaded.path), record)
+    write_results(out, {policy: frame}, [summary], {policy: series}, record)
     served_scenario(loaded.path, out, requests, policy)
     plot_timeline({policy: frame}, out / "timeline")
     return summary

@@ -120,9 +120,18 @@ class Intervals:
         self.ends = array("d")
 
     def add(self, start: float, end: float) -> None:
-        if end > start:
-            self.starts.append(start)
-            self.ends.append(end)
+        """An interval of work; one that starts within the last one extends it (a queued
+        transfer right behind another, a batch behind the assist it waited for) rather than
+        taking a row: a saturated link logs one interval, not one per copy."""
+        if end <= start:
+            return
+        ends = self.ends
+        if ends and self.starts[-1] <= start <= ends[-1]:
+            if end > ends[-1]:
+                ends[-1] = end
+            return
+        self.starts.append(start)
+        self.ends.append(end)
 
     def covered(self, edges: np.ndarray) -> np.ndarray:
         """Time covered by the union of the intervals before each of `edges` (sorted)."""

@@ -28,6 +28,8 @@ def test_utilisation_is_the_share_of_each_bin_the_union_of_intervals_covers():
     for start, end in [(0.0, 1.0), (0.5, 2.0), (0.75, 1.0), (3.0, 3.5)]:  # overlap, nested
         busy.gpu.add(start, end)
     busy.cpu.add(1.0, 1.0)  # empty: not work
+    assert list(busy.gpu.starts) == [0.0, 3.0] and list(busy.gpu.ends) == [2.0, 3.5]  # merged
+    busy.gpu.add(-1.0, 0.25)  # out of order, overlapping: kept as given, unioned when binned
     u = busy.utilisation(4.0, bins=4)
     assert u["start_s"].tolist() == [0, 1, 2, 3] and u["end_s"].tolist() == [1, 2, 3, 4]
     assert u["gpu"].tolist() == pytest.approx([1.0, 1.0, 0.0, 0.5])

@@ -100,20 +100,17 @@ class GpuDevice:
         return [first + (k + 1) * step for k in range(n)]
 
     def assist(self, ready_s: float, service_s: float) -> float:
-        """Book a Dense Assist that becomes ready at `ready_s`; returns its service start."""
+        """Book a Dense Assist that becomes ready at `ready_s`; returns its service start.
+        One serviced inside the running batch is in that batch's interval of work (it pushes
+        the batch's end back); the others are logged as their own."""
         self.assist_calls += 1
         self.assist_s += service_s
-        start = self._assist_start(ready_s, service_s)
-        self.worked.add(start, start + service_s)
-        return start
-
-    def _assist_start(self, ready_s: float, service_s: float) -> float:
-        """Where an assist ready at `ready_s` is serviced (see :meth:`assist`)."""
         if self.active:
             if ready_s < self._start:  # the batch waits for an assist: queue in front of it
                 start = self.busy_until
                 self.busy_until = start + service_s
                 self._begin(self.busy_until)
+                self.worked.add(start, self.busy_until)
                 return start
             since_first = ready_s - self._shift - self._first
             k = max(self._next_k, math.ceil(since_first / self._layer - 1e-9) + self._ahead)
@@ -123,8 +120,8 @@ class GpuDevice:
                 self._next_k = k + 1
                 return start
             start = self._end + self._shift  # in the post-layer: right after the batch
-            self.busy_until = start + service_s
-            return start
-        start = max(ready_s, self.busy_until)
+        else:
+            start = max(ready_s, self.busy_until)
         self.busy_until = start + service_s
+        self.worked.add(start, self.busy_until)
         return start

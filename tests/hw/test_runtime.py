@@ -32,7 +32,8 @@ from dualpace_sim.core.journal import JOURNAL_FILE, Journal
 from dualpace_sim.costs import load_profile
 from dualpace_sim.costs.calibrate import run_assist_calls
 from dualpace_sim.node_series import ENGINES, STATE_COLUMNS, read_series
-from dualpace_sim.records import read_records
+from dualpace_sim.provenance import PARQUET_KEY, provenance, scenario_hash
+from dualpace_sim.records import read_metadata, read_records
 from dualpace_sim.replay import replay, replay_run, replay_states
 from dualpace_sim.scenario import load_scenario
 from dualpace_sim.validate import RUN_PROFILE
@@ -186,6 +187,12 @@ def test_run_command_writes_what_the_simulator_writes(tmp_path):
     assert (out / "timeline.png").exists()
     check_real_trace(out / "trace.json", summary)
     check_real_series(out, path, summary, records)
+    # provenance, as the simulator's outputs carry it
+    record = provenance(load_scenario(path))
+    assert all(s["provenance"] == record and s["scenario_hash"] == scenario_hash(path)
+               for s in summary)
+    for name in ("requests.parquet", "state.parquet", "utilisation.parquet"):
+        assert json.loads(read_metadata(out / name)[PARQUET_KEY]) == record, name
     # the calibration profile it ran with, for `dualpace-sim validate` to compare it with
     assert load_profile(out / RUN_PROFILE) == load_scenario(path).profile
     # every Dense Assist, for the Appendix B calibration (routes (0, 0): Fused-Assist only)
