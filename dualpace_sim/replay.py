@@ -157,6 +157,9 @@ def journal_calls(loaded: LoadedScenario, policy: str) -> tuple[list[Request], C
     into fresh schedulers of `policy` (returning the plan's summary for a schedule); its
     `gpu_plan`/`cpu_plan` (DualPace) or `plan` (vLLM, NEO) is the plan the last schedule
     got, which is how analyses price a real run's rounds (served_rounds.py)."""
+    if policy not in REPLAYED_POLICIES:
+        raise ValueError(f"no replay for policy {policy!r}; the runtime runs "
+                         f"{', '.join(REPLAYED_POLICIES)}")
     block_size = loaded.policy_config(policy).block_size
     requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, block_size)
                 for i, s in enumerate(loaded.requests)]
@@ -167,9 +170,6 @@ def replay(journal: Journal, loaded: LoadedScenario, policy: str,
            records: pd.DataFrame | None = None, max_reported: int = 5) -> ReplayReport:
     """Replay `journal` (a real run of `policy` on `loaded`'s workload); compare every plan and,
     given the run's records, every request's token times and owners."""
-    if policy not in REPLAYED_POLICIES:
-        raise ValueError(f"no replay for policy {policy!r}; the runtime runs "
-                         f"{', '.join(REPLAYED_POLICIES)}")
     requests, calls = journal_calls(loaded, policy)
     report = ReplayReport(policy)
     env = simpy.Environment()
@@ -205,13 +205,7 @@ def replay_states(journal: Journal, loaded: LoadedScenario, policy: str) -> pd.D
     """The scheduler state after each call of `journal`, recomputed by making its calls on
     fresh schedulers (no clock needed: each call takes its recorded time), as
     :meth:`node_series.StateLog.frame`: what a real run's ``state.parquet`` must hold."""
-    if policy not in REPLAYED_POLICIES:
-        raise ValueError(f"no replay for policy {policy!r}; the runtime runs "
-                         f"{', '.join(REPLAYED_POLICIES)}")
-    block_size = loaded.policy_config(policy).block_size
-    requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, block_size)
-                for i, s in enumerate(loaded.requests)]
-    calls = _CALLS[policy](loaded, requests)
+    _, calls = journal_calls(loaded, policy)
     states = StateLog(state_reader(calls.state if policy == "dualpace" else calls.sched))
     states.sample(0.0)  # empty at the clock's start, as the runtime samples it
     for e in journal.entries:
