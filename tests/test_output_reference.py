@@ -10,8 +10,8 @@ import yaml
 
 from dualpace_sim import output_reference as ref
 from dualpace_sim.capacity import COLUMNS as CAPACITY_COLUMNS
-from dualpace_sim.records import RECORDS_SCHEMA
 from dualpace_sim.node_series import COUNTER_TRACKS, STATE_FILE, UTILISATION_FILE
+from dualpace_sim.records import RECORDS_SCHEMA
 from dualpace_sim.sweep import run_sweep
 from dualpace_sim.trace_events import MIGRATION, TRACKS
 from dualpace_sim.validate import COLUMNS as VALIDATION_COLUMNS
