@@ -9,6 +9,8 @@ import pytest
 
 from dualpace_sim.node_series import (
     ENGINES,
+    FINE_BINS,
+    FIRST_WIDTH_S,
     STATE_COLUMNS,
     Busy,
     Intervals,
@@ -23,18 +25,33 @@ from dualpace_sim.scenario import load_scenario
 PRESSURE = {"gpu_kv_blocks": 600, "host_kv_blocks": 6000}  # swaps and Prefill-to-CPU happen
 
 
-def test_utilisation_is_the_share_of_each_bin_the_union_of_intervals_covers():
+def test_utilisation_is_the_share_of_each_bin_an_engine_worked():
     busy = Busy()
-    for start, end in [(0.0, 1.0), (0.5, 2.0), (0.75, 1.0), (3.0, 3.5)]:  # overlap, nested
+    for start, end in [(0.0, 0.5), (0.5, 2.0), (3.0, 3.5)]:
         busy.gpu.add(start, end)
     busy.cpu.add(1.0, 1.0)  # empty: not work
-    assert list(busy.gpu.starts) == [0.0, 3.0] and list(busy.gpu.ends) == [2.0, 3.5]  # merged
-    busy.gpu.add(-1.0, 0.25)  # out of order, overlapping: kept as given, unioned when binned
+    busy.pcie_d2h.add(0.25, 0.75)
+    busy.pcie_d2h.add(0.5, 1.0)  # carried bytes beside a copy: the share is capped at 1
     u = busy.utilisation(4.0, bins=4)
     assert u["start_s"].tolist() == [0, 1, 2, 3] and u["end_s"].tolist() == [1, 2, 3, 4]
     assert u["gpu"].tolist() == pytest.approx([1.0, 1.0, 0.0, 0.5])
     assert u["cpu"].tolist() == [0, 0, 0, 0]
-    assert Intervals().covered(np.array([0.0, 1.0])).tolist() == [0, 0]
+    assert u["pcie_d2h"].tolist() == pytest.approx([1.0, 0, 0, 0])
+    assert busy.gpu.total() == pytest.approx(2.5)
+
+
+def test_busy_bins_coarsen_and_keep_every_busy_second():
+    """A run far longer than the first bins span: the bins double until it fits, memory
+    stays FINE_BINS numbers, and the busy time is all kept, in the right place."""
+    worked = Intervals()
+    worked.add(0.0, 1e-3)
+    worked.add(10_000.0, 10_010.0)  # 10^4 s: bins of 0.1 ms double 11 times (6.6 s each)
+    assert worked.width == FIRST_WIDTH_S * 2 ** 11 and worked.busy.size == FINE_BINS
+    assert worked.total() == pytest.approx(10.001)
+    edges = np.array([0.0, 5_000.0, 10_000.0, 10_005.0, 11_000.0])
+    # in the right place to within a bin (busy time is spread evenly inside one)
+    assert np.diff(worked.covered(edges)) == pytest.approx([1e-3, 0.0, 5.0, 5.0],
+                                                           abs=worked.width)
 
 
 def test_a_state_log_keeps_a_row_where_the_state_changed_the_last_of_an_instant():
@@ -116,9 +133,11 @@ def test_utilisation_adds_up_to_the_engines_busy_time(runs, policy):
     assert u["end_s"].iloc[-1] == pytest.approx(engine["end_s"])
     width = (u["end_s"] - u["start_s"]).to_numpy()
     busy = {e: float((u[e].to_numpy() * width).sum()) for e in ENGINES}
-    # the GPU worker's batches and assists (serviced inside a batch or between batches)
+    # the GPU worker's batches and assists (serviced inside a batch or between batches); a
+    # few assists booked from a ready time the GPU had already passed overlap a batch by
+    # microseconds, which the capped shares drop
     assert busy["gpu"] == pytest.approx(engine["gpu_busy_s"] + engine["gpu_assist_s"],
-                                        rel=1e-9)
+                                        rel=1e-5)
     assert busy["cpu"] == pytest.approx(engine["cpu_busy_s"], rel=1e-9)
     if policy == "vllm":
         assert busy["cpu"] == busy["pcie_h2d"] == busy["pcie_d2h"] == 0
@@ -152,4 +171,4 @@ def test_the_summary_utilisation_is_the_series_over_the_whole_run(runs, policy):
     width = (u["end_s"] - u["start_s"]).to_numpy()
     for engine in ("gpu", "cpu"):
         mean = float((u[engine].to_numpy() * width).sum() / u["end_s"].iloc[-1])
-        assert summary[f"{engine}_utilisation"] == pytest.approx(mean, rel=1e-9, abs=1e-12)
+        assert summary[f"{engine}_utilisation"] == pytest.approx(mean, rel=1e-5, abs=1e-12)
