@@ -30,9 +30,10 @@ SECTIONS = [
      "real runtime samples it at each journaled call, so it equals what replaying the journal "
      "gives (`dualpace_sim.replay.replay_states`). `dualpace-sim plot` draws it "
      "(`state_over_time`).", ref.STATE),
-    ("utilisation.parquet", "How busy each engine was over time, as the share of each bin "
-     "covered by the union of the intervals it worked (so within 0-1; summed over the bins, "
-     "the simulated GPU's equals its batch and assist time, its CPU's the CPU busy time).",
+    ("utilisation.parquet", "How busy each engine was over time: the share of each bin it "
+     "worked, within 0-1 (busy time is kept in 65,536 fine bins per engine, which double in "
+     "width as the run grows, and spread evenly inside one; summed over the bins, the "
+     "simulated GPU's is its batch and assist time, its CPU's the CPU busy time).",
      ref.UTILISATION),
     ("summary.json", "A list with one entry per policy, in the same shape for `run`, each "
      "sweep point (a list of one) and `validate`'s `sim/`.", ref.SUMMARY),
