@@ -5,7 +5,8 @@ Each point runs in a fresh process: scenarios/paper/llama8b-rtx4090-conv.yaml (L
 RTX 4090 roofline profile, the paper's vLLM and NEO settings) with Azure-Conversation-shaped
 requests from the embedded default distribution instead of the trace (which has too few for
 200k), Poisson arrivals, seed 0: first the simulation, then the
-output a `dualpace-sim run` writes (records, summary metrics, Parquet, timeline plot). Peak
+output a `dualpace-sim run` writes (records, summary metrics, Parquet, the state and
+utilisation series, timeline plot). Peak
 RSS is read after each, so `rss_sim_mib` is the simulation's and `rss_mib` includes the output.
 Target: the 200k-request DualPace run at <= 1 GiB peak RSS, output included.
 Last line: `points=<n> max_rss_mib=<largest peak RSS>`.
@@ -38,6 +39,7 @@ def one_point(policy: str, rate: float, n: int) -> dict:
     import yaml
 
     from dualpace_sim.metrics import summarize
+    from dualpace_sim.node_series import write_series
     from dualpace_sim.plots import plot_timeline
     from dualpace_sim.records import PolicyRecords, write_policy_records
     from dualpace_sim.scenario import load_scenario
@@ -62,10 +64,11 @@ def one_point(policy: str, rate: float, n: int) -> dict:
         rss_sim = peak_rss_mib()
         rounds = out.stats.gpu_rounds + out.stats.cpu_rounds
         out_start = time.perf_counter()
-        records = PolicyRecords.from_requests(out.requests, policy)
+        records = PolicyRecords.from_requests(out.requests, policy, out.series)
         del node, out
         summarize(records.requests, tokens=records.tokens)
         write_policy_records([records], Path(tmp) / "requests.parquet")
+        write_series({policy: records.series}, Path(tmp))
         plot_timeline({policy: records.requests}, Path(tmp) / "timeline",
                       tokens={policy: records.tokens})
         output_wall = time.perf_counter() - out_start

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from dualpace_sim.core.journal import describe_neo
 from dualpace_sim.core.neo import NeoConfig, NeoPlan, NeoPredictor, NeoScheduler
+from dualpace_sim.node_series import StateLog, state_reader
 from dualpace_sim.trace_events import CPU_ENGINE, GPU_ENGINE
 
 from .gpu_executor import GpuExecutor
@@ -53,6 +54,7 @@ class NeoRuntime(Engines):
                              "written for one); run it with --gpu-tp 1")
         super().__init__(specs, config.block_size, gpu.shape.vocab_size)
         self.sched = NeoScheduler(config, predictor)
+        self.states = StateLog(state_reader(self.sched))
         self.stats = NeoRunStats(launch_s=predictor.lnch_T)
         device = gpu.weights.embed.device
         pool = PagedKVPool(gpu.shape, config.gpu_kv_blocks, config.block_size, device=device,
@@ -95,6 +97,7 @@ class NeoRuntime(Engines):
                 # the block lists the commit replaces: swaps copy from their old ids
                 held = {r.req_id: r.blocks for q in (sched.gpu_q, sched.cpu_q) for r in q}
                 now = self.now()
+                self.note_call(now)
                 plan = sched.schedule(now)
                 self.journal.record(now, "gpu", "schedule", plan=describe_neo(plan))
                 if plan.is_empty:  # (the scenario's check refused what could stall here)
@@ -132,9 +135,8 @@ class NeoRuntime(Engines):
     def _trace(self, plan: NeoPlan, times: IterationTimes, start_s: float,
                end_s: float) -> None:
         """The iteration on the GPU engine's track, its CPU attention beside it (inside every
-        layer, so one slice spans the forward), its swaps on the link's tracks."""
-        if self.trace is None:
-            return
+        layer, so one slice spans the forward), its swaps on the link's tracks (also the
+        engines' busy intervals, traced or not)."""
         batches = plan.batches
         cpu = tuple(len(b.cpu_decodes) for b in batches)
         self.slice(GPU_ENGINE, "iteration" if batches else "swaps", start_s, end_s,

@@ -39,6 +39,7 @@ from dualpace_sim.core.routing import Route
 from dualpace_sim.core.vllm import VllmConfig, VllmScheduler
 from dualpace_sim.costs.calibrate import AssistCall
 from dualpace_sim.costs.shapes import ModelShape
+from dualpace_sim.node_series import Busy, NodeSeries, StateLog, state_reader
 from dualpace_sim.trace_events import (
     CPU_ENGINE,
     DENSE_ASSIST,
@@ -205,6 +206,13 @@ def prompt_ids(req_id: int, n: int, vocab: int) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=g).tolist()
 
 
+# The engine of `node_series.Busy` each trace track's slices are work of; on the GPU engine's
+# track only forwards and NEO iterations are (not its waits), on the CPU engine's not its waits.
+BUSY_TRACKS = {GPU_ENGINE: "gpu", DENSE_ASSIST: "gpu", CPU_ENGINE: "cpu", PCIE_H2D: "pcie_h2d",
+               PCIE_D2H: "pcie_d2h"}
+GPU_WORK = ("forward", "iteration")
+
+
 class Engines:
     """Shared plumbing: clock, lock, wake-ups, stop, failure propagation, arrivals, journal."""
 
@@ -224,6 +232,11 @@ class Engines:
         self.stats = RunStats()
         self.journal = Journal()  # appended to under self.lock only
         self.trace: TraceRecorder | None = None  # the timeline, when asked for
+        # Queues and KV over time (set by each subclass over its scheduler) and when each
+        # engine worked: the series `dualpace-sim run` records, from the same core state.
+        self.states: StateLog | None = None
+        self.busy = Busy()
+        self._last_call_s = 0.0
         self.block_size = block_size
         # Serving (`accept_requests`): requests come from `submit_now` while the run lasts,
         # and the run ends only when stopped, not when the requests so far are finished.
@@ -238,13 +251,35 @@ class Engines:
         return time.perf_counter() - self.t0
 
     def record(self, engine: str, call: str, **data) -> float:
-        """Journal a core call (the caller holds the lock); returns the clock time to pass."""
+        """Journal a core call (the caller holds the lock, and makes the call after this);
+        returns the clock time to pass."""
         t = self.now()
+        self.note_call(t)
         self.journal.record(t, engine, call, **data)
         return t
 
+    def note_call(self, t: float) -> None:
+        """A core call is about to be made at `t` (the caller holds the lock): the state now
+        is what the previous call left, which held from that call's time until this one."""
+        if self.states is not None:
+            self.states.sample(self._last_call_s)
+        self._last_call_s = t
+
+    def series(self) -> NodeSeries:
+        """Queues, KV and utilisation over the run (`dualpace_sim.node_series`), the state the
+        last core call left included; called once the engines have stopped (or were given
+        up on: then without their lock, which a stuck one may hold)."""
+        self.states.sample(self._last_call_s)
+        return NodeSeries.of(self.states, self.busy, max(self.stats.wall_s, self._last_call_s))
+
     def slice(self, track: str, name: str, start_s: float, end_s: float, **args) -> None:
-        """A timeline slice, in the format `dualpace-sim run --trace-events` writes."""
+        """A stretch of an engine's work or wait: in the engines' busy intervals (forwards
+        and assists of the GPU, the CPU engine's rounds, each link direction's copies) and, when
+        asked for, a timeline slice in the format `dualpace-sim run --trace-events` writes."""
+        worked = BUSY_TRACKS.get(track)
+        if worked is not None and not (track == GPU_ENGINE and name not in GPU_WORK) and not (
+                track == CPU_ENGINE and name.startswith("wait")):
+            getattr(self.busy, worked).add(start_s, end_s)
         if self.trace is not None:
             self.trace.complete(track, name, start_s, end_s, **args)
 
@@ -403,6 +438,7 @@ class DualPaceRuntime(Engines):
                  cpu_engine: CpuEngineProcess) -> None:
         super().__init__(specs, config.block_size, gpu.shape.vocab_size)
         self.state = EngineState(config)
+        self.states = StateLog(state_reader(self.state))
         self.gpu_sched, self.cpu_sched = GpuScheduler(self.state), CpuScheduler(self.state)
         self.stage_mode = assist_reachable(config.largest_cpu_batch, config.route_f)
         self.channel = AssistServer(cpu_engine.assist, self)
@@ -546,10 +582,9 @@ class DualPaceRuntime(Engines):
                 self.work.notify_all()
 
 def _trace_gpu_round(engines: Engines, plan, start_s: float, end_s: float) -> None:
-    """A GPU round's slices: the forward (or migration-only round) on the GPU engine's track,
-    and its swaps on the link's tracks (issue to completion, as the engine waited on them)."""
-    if engines.trace is None:
-        return
+    """A GPU round's slices (:meth:`Engines.slice`: busy intervals, and the trace when asked
+    for): the forward (or migration-only round) on the GPU engine's track, and its swaps on
+    the link's tracks (issue to completion, as the engine waited on them)."""
     if plan.has_forward:
         engines.slice(GPU_ENGINE, "forward", start_s, end_s, decodes=len(plan.decodes),
                       prefill_tokens=sum(c.tokens for c in plan.prefills),
@@ -577,6 +612,7 @@ class VllmRuntime(Engines):
     def __init__(self, specs: Sequence, config: VllmConfig, gpu: GpuEngine) -> None:
         super().__init__(specs, config.block_size, gpu.shape.vocab_size)
         self.sched = VllmScheduler(config)
+        self.states = StateLog(state_reader(self.sched))
         self.gpu = gpu.build(self.tokens)
         self.gpu.sampler = self.sampler
 
@@ -600,6 +636,7 @@ class VllmRuntime(Engines):
         while not self.stop.is_set():
             with self.work:
                 now = self.now()
+                self.note_call(now)
                 plan = self.sched.schedule(now)
                 self.journal.record(now, "gpu", "schedule", plan=describe_gpu(plan))
                 if not plan.has_forward:

@@ -18,9 +18,12 @@ from dualpace_sim.costs.calibrate import ASSISTS_FILE, write_assist_calls
 from dualpace_sim.costs.neo_tables import NeoTables
 from dualpace_sim.costs.shapes import ModelShape
 from dualpace_sim.metrics import summarize
+from dualpace_sim.node_series import NodeSeries, record_series_counters, write_series
 from dualpace_sim.outputs import write_json
 from dualpace_sim.plots import plot_timeline
+from dualpace_sim.provenance import parquet_metadata, provenance, scenario_hash
 from dualpace_sim.records import records_frame, write_records
+from dualpace_sim.runner import stamp
 from dualpace_sim.scenario import LoadedScenario
 from dualpace_sim.trace_events import TraceRecorder, write_trace
 from dualpace_sim.validate import RUN_PROFILE
@@ -105,21 +108,34 @@ def open_checkpoint(path: Path, loaded: LoadedScenario) -> Checkpoint:
 
 
 def record_policy(out: Path, loaded: LoadedScenario, policy: str, runtime, requests,
-                  rate: float | None, **run) -> tuple[pd.DataFrame, dict]:
-    """A finished run of `policy`: its journal written, its records and its summary (`run`:
-    how it ran, e.g. device and tensor parallelism)."""
+                  rate: float | None, **run) -> tuple[pd.DataFrame, dict, NodeSeries]:
+    """A finished run of `policy`: its journal written, its records, its summary (`run`:
+    how it ran, e.g. device and tensor parallelism) and its series over time (also drawn on
+    its timeline trace, when it has one)."""
     runtime.journal.write(out / JOURNAL_FILE.format(policy=policy))
     if policy == "dualpace":  # each Dense Assist, for the Appendix B calibration
         write_assist_calls(runtime.channel.records, out / ASSISTS_FILE.format(policy=policy))
     frame = records_frame(requests, policy)
+    series = runtime.series()
+    if runtime.trace is not None:
+        record_series_counters(runtime.trace, series)
     return frame, {"scenario": loaded.spec.name, "policy": policy, "rate": rate,
-                   **summarize(frame), "real": True, **run, "engine": asdict(runtime.stats)}
+                   **summarize(frame), "real": True, **run,
+                   "capacities": {"gpu_kv_blocks": loaded.config.gpu_kv_blocks,
+                                  "host_kv_blocks": loaded.config.host_kv_blocks,
+                                  "block_size": loaded.config.block_size},
+                   "engine": asdict(runtime.stats)}, series
 
 
-def write_results(out: Path, frames: dict[str, pd.DataFrame], summaries: list[dict]) -> None:
-    """The records and summaries so far, each file replaced atomically (`dualpace_sim.outputs`):
-    an interruption while a later policy writes keeps the earlier ones'."""
-    write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet")
+def write_results(out: Path, frames: dict[str, pd.DataFrame], summaries: list[dict],
+                  series: dict[str, NodeSeries], record: dict) -> None:
+    """The records, series and summaries so far (the Parquet files with the provenance
+    `record` as their metadata), each file replaced atomically (`dualpace_sim.outputs`): an
+    interruption while a later policy writes keeps the earlier ones'."""
+    metadata = parquet_metadata(record)
+    write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet",
+                  metadata)
+    write_series(series, out, metadata)
     write_json(out / "summary.json", summaries)
 
 
@@ -165,7 +181,9 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
                              f"({', '.join(loaded.spec.policies)}); name some of those")
     out.mkdir(parents=True, exist_ok=True)
     loaded.profile.save(out / RUN_PROFILE)  # what `dualpace-sim validate` compares it with
+    record, digest = provenance(loaded), scenario_hash(loaded.path)
     frames: dict[str, pd.DataFrame] = {}
+    series: dict[str, NodeSeries] = {}
     summaries = []
     traces: list[TraceRecorder] = []
     for policy in policies or loaded.spec.policies:
@@ -189,12 +207,12 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
                 runtime.serve()
         except (KeyboardInterrupt, EngineFailure) as e:
             stopped = e  # what ran is written below, then the stop goes on to the caller
-        frames[policy], summary = record_policy(
+        frames[policy], summary, series[policy] = record_policy(
             out, loaded, policy, runtime, runtime.requests, loaded.spec.workload.rate,
             device=device, cpu_tp=cpu_tp, gpu_tp=gpu_tp, partial=stopped is not None,
             **({"stopped_by": stop_reason(stopped)} if stopped is not None else {}))
-        summaries.append(summary)
-        write_results(out, frames, summaries)
+        summaries.append(stamp(summary, digest, record))
+        write_results(out, frames, summaries, series, record)
         if trace_events is not None:
             write_trace(trace_events, traces)
         if stopped is not None:
@@ -299,10 +317,12 @@ def serve_real(loaded: LoadedScenario, checkpoint_path: Path, out: Path, policy:
     if not requests:
         print("no requests were served: nothing written but the profile", flush=True)
         return None
-    frame, summary = record_policy(out, loaded, policy, runtime, requests, None, device=device,
-                                   cpu_tp=cpu_tp, gpu_tp=1, served=True,
-                                   finished=dict(svc.finished))
-    write_results(out, {policy: frame}, [summary])
+    frame, summary, series = record_policy(out, loaded, policy, runtime, requests, None,
+                                           device=device, cpu_tp=cpu_tp, gpu_tp=1, served=True,
+                                           finished=dict(svc.finished))
+    record = provenance(loaded)
+    summary = stamp(summary, scenario_hash(loaded.path), record)
+    write_results(out, {policy: frame}, [summary], {policy: series}, record)
     served_scenario(loaded.path, out, requests, policy)
     plot_timeline({policy: frame}, out / "timeline")
     return summary

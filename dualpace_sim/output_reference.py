@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from .node_series import UTILISATION_BINS
+
 # (name, unit, meaning)
 Row = tuple[str, str, str]
 
@@ -66,7 +68,8 @@ SUMMARY: list[Row] = [
     ("median_<latency>_s", "s", "median of the latency"),
     ("std_<latency>_s", "s", "standard deviation of the latency (population, as numpy's)"),
     ("p<P>_<latency>_s", "s", "the P-th percentile of the latency (numpy's linear one)"),
-    ("gpu_utilisation", "", "share of the run (0-1) the GPU worker was busy"),
+    ("gpu_utilisation", "", "share of the run (0-1) the GPU worker was busy: batches and "
+                            "Dense Assist services (utilisation.parquet's gpu, over the run)"),
     ("cpu_utilisation", "", "share of the run the CPU engine was busy"),
     ("pcie_h2d_utilisation", "", "host-to-GPU bytes over what the profile's bandwidth moves in "
                                  "the run's time"),
@@ -181,6 +184,45 @@ VALIDATION_CSV: list[Row] = [
     ("relative_error", "", "(simulated - real) / real"),
 ]
 
+STATE: list[Row] = [
+    ("policy", "", "the policy"),
+    ("time_s", "s", "when the row's state began: it holds until the next row's time (a row "
+                    "where a core call changed it; the last call of an instant wins)"),
+    ("waiting", "requests", "arrived and not admitted: DualPace's and vLLM's GPU waiting "
+                            "queue, NEO's waiting queue"),
+    ("prefilling", "requests", "admitted, no token yet: DualPace's prefills under way, "
+                               "vLLM's running requests without a token; 0 for NEO"),
+    ("gpu_decoding", "requests", "decoding on the GPU: DualPace's GPU running set, vLLM's "
+                                 "running requests with a token, NEO's GPU decoding queue"),
+    ("cpu_waiting", "requests", "DualPace's CPU waiting queue (migrations to the host in "
+                                "flight included); 0 for the others"),
+    ("cpu_decoding", "requests", "decoding on the CPU: DualPace's CPU running batch, NEO's "
+                                 "CPU decoding queue; 0 for vLLM"),
+    ("hbm_kv_blocks", "blocks", "HBM KV pool blocks in use (at most the pool)"),
+    ("host_kv_blocks", "blocks", "host KV pool blocks in use"),
+    ("host_kv_growth_blocks", "blocks", "DualPace: the growth the host envelope reserves, "
+                                        "B_growth of every host-bound request (b-hat - b); "
+                                        "0 for the others"),
+    ("host_kv_migration_blocks", "blocks", "DualPace: B_migration, the host room reserved "
+                                           "for swap-outs; used + growth + migration never "
+                                           "exceeds the pool (Eq. 2)"),
+]
+
+UTILISATION: list[Row] = [
+    ("policy", "", "the policy"),
+    ("start_s", "s", f"start of the bin (the run is cut into {UTILISATION_BINS} equal bins)"),
+    ("end_s", "s", "end of the bin"),
+    ("gpu", "", "share (0-1) of the bin the GPU worked: batches and Dense Assist services "
+                "(a real run: forwards and assists as timed on the host)"),
+    ("cpu", "", "share the CPU engine worked: its rounds (NEO: each iteration's CPU "
+                "attention time, from the start of its layers)"),
+    ("pcie_h2d", "", "share the host-to-GPU direction moved data: swap-ins and assist or NEO "
+                     "activations at the profile's bandwidth (a real run: swap-ins as the "
+                     "engine waited on them)"),
+    ("pcie_d2h", "", "share the GPU-to-host direction moved data: swap-outs, Prefill-to-CPU "
+                     "layer copies, activations (a real run: swap-outs)"),
+]
+
 TRACE_TRACKS: list[Row] = [
     ("GPU engine", "slices", "GPU rounds: forwards, migration waits"),
     ("Dense Assist", "slices", "assists the GPU worker serves for the CPU engine"),
@@ -188,10 +230,12 @@ TRACE_TRACKS: list[Row] = [
     ("PCIe H2D", "slices", "host to GPU copies: swap-ins"),
     ("PCIe D2H", "slices", "GPU to host copies: swap-outs, Prefill-to-CPU layer copies"),
     ("migration", "arrows", "flow from a transfer to the round that next computes the request"),
-    ("requests", "counter", "`dualpace-sim run`: waiting (arrived, no token yet) and decoding "
-                            "(between first and last token) requests"),
-    ("KV blocks held", "counter", "`dualpace-sim run`: gpu_kv_blocks and host_kv_blocks held "
-                                  "by requests, rebuilt from the records"),
+    ("requests", "counter", "the queue columns of state.parquet (waiting, prefilling, "
+                            "gpu_decoding, cpu_waiting, cpu_decoding), a sample per row"),
+    ("KV blocks", "counter", "its KV columns (hbm_kv_blocks, host_kv_blocks, "
+                             "host_kv_growth_blocks, host_kv_migration_blocks)"),
+    ("utilisation", "counter", "utilisation.parquet's gpu, cpu, pcie_h2d and pcie_d2h at the "
+                               "start of each bin, 0 at the end"),
 ]
 
 

@@ -462,22 +462,34 @@ def plot_run_dir(path: Path | str, out_dir: Path | str | None = None) -> PlotRep
     plot_latency_cdf(frames, out_dir / "latency_cdf", title=f"{path.name}: latency CDFs")
     report.add(out_dir / "latency_cdf")
     summaries = json.loads((path / "summary.json").read_text())
-    report.files += _state_figure(frames, summaries, out_dir / "state_over_time",
-                                  f"{path.name}: queues and KV over time")
+    report.files += _state_figure(dict.fromkeys(frames, path), summaries,
+                                  out_dir / "state_over_time",
+                                  f"{path.name}: queues, KV and utilisation over time", report)
     report.lines += _stall_lines(frames)
     return report
 
 
-def _state_figure(frames: dict[str, pd.DataFrame], summaries: list[dict], out_stem: Path,
-                  title: str) -> list[Path]:
-    """Queues and KV over time of each policy, sized by its summary's block size."""
+def _state_figure(run_dirs: dict[str, Path], summaries: list[dict], out_stem: Path,
+                  title: str, report: PlotReport) -> list[Path]:
+    """Queues, KV and utilisation over time of each policy (`dualpace_sim.node_series`), read
+    from ``state.parquet`` and ``utilisation.parquet`` in each policy's directory (one for a
+    run, a point's for a sweep); a directory without them gets a line saying so."""
+    from dualpace_sim.node_series import read_series
     from dualpace_sim.serving_plots import plot_state_over_time
-    from dualpace_sim.state_series import state_series
 
+    series = {}
+    for policy, folder in run_dirs.items():
+        found = read_series(folder).get(policy)
+        if found is None:
+            report.lines.append(f"state_over_time: {folder} has no {policy} state.parquet "
+                                "(made by an older version); rerun it to draw queues, KV and "
+                                "utilisation over time")
+        else:
+            series[policy] = found
+    if not series:
+        return []
     capacities = {s["policy"]: s.get("capacities") or {} for s in summaries
                   if isinstance(s, dict) and "policy" in s}
-    series = {p: state_series(df, int((capacities.get(p) or {}).get("block_size", 16)))
-              for p, df in frames.items() if len(df)}
     return plot_state_over_time(series, capacities, out_stem, title=title)
 
 
@@ -531,9 +543,11 @@ def plot_sweep_dir(path: Path | str, out_dir: Path | str | None = None,
                   title=f"{sweep.name}: token progress at {rate:g} req/s")
     report.add(stem)
     summaries = [read_point_summary(sweep.point_dir(p, rate)) for p in frames]
-    report.files += _state_figure(frames, [s for s in summaries if s],
+    report.files += _state_figure({p: sweep.point_dir(p, rate) for p in frames},
+                                  [s for s in summaries if s],
                                   out_dir / f"state_over_time@{rate!r}",
-                                  f"{sweep.name}: queues and KV at {rate:g} req/s")
+                                  f"{sweep.name}: queues, KV and utilisation at {rate:g} req/s",
+                                  report)
     report.lines.append(f"timeline at {rate:g} req/s ({how})")
     report.lines += _stall_lines(frames, f"at {rate:g} req/s")
     return report

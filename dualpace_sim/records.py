@@ -24,6 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .node_series import NodeSeries
 from .outputs import replace_atomically
 from .token_spans import TokenSpans
 
@@ -137,19 +138,24 @@ def _assemble(policy: str, rows: dict, lengths: np.ndarray, times: np.ndarray,
 class PolicyRecords:
     """One policy's records as a run holds them: ``requests``, the per-request columns of
     :data:`RECORDS_SCHEMA` but the two token ones, in request-id order, and ``tokens``, the
-    spans those are read off (a 200k-request run has 50M tokens and 1.5M rounds)."""
+    spans those are read off (a 200k-request run has 50M tokens and 1.5M rounds), and
+    ``series``, what the node held and how busy it was over time, when the run recorded them
+    (`dualpace_sim.node_series`; written beside the records, not in them)."""
 
     policy: str
     requests: pd.DataFrame
     tokens: TokenSpans
+    series: NodeSeries | None = None
 
     @classmethod
-    def from_requests(cls, requests: Iterable, policy: str) -> PolicyRecords:
+    def from_requests(cls, requests: Iterable, policy: str,
+                      series: NodeSeries | None = None) -> PolicyRecords:
         """The records of the core's requests (`core.request.Request`: their spans)."""
         reqs = sorted(requests, key=lambda r: r.req_id)
         tokens = TokenSpans.from_requests(reqs)
         rows = _request_columns(reqs, *tokens.request_ends(len(reqs)))
-        return cls(policy, pd.DataFrame({"policy": [policy] * len(reqs), **rows}), tokens)
+        return cls(policy, pd.DataFrame({"policy": [policy] * len(reqs), **rows}), tokens,
+                   series)
 
     def table(self, start: int, stop: int) -> pa.Table:
         """Rows start..stop-1 with every column, the token ones spelled out."""

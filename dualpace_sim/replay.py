@@ -32,6 +32,7 @@ from .core.journal import (
 from .core.neo import NeoScheduler
 from .core.vllm import VllmScheduler
 from .costs.neo_tables import NeoTables
+from .node_series import StateLog, state_reader
 from .records import read_records, records_frame
 from .scenario import LoadedScenario
 
@@ -156,6 +157,9 @@ def journal_calls(loaded: LoadedScenario, policy: str) -> tuple[list[Request], C
     into fresh schedulers of `policy` (returning the plan's summary for a schedule); its
     `gpu_plan`/`cpu_plan` (DualPace) or `plan` (vLLM, NEO) is the plan the last schedule
     got, which is how analyses price a real run's rounds (served_rounds.py)."""
+    if policy not in REPLAYED_POLICIES:
+        raise ValueError(f"no replay for policy {policy!r}; the runtime runs "
+                         f"{', '.join(REPLAYED_POLICIES)}")
     block_size = loaded.policy_config(policy).block_size
     requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, block_size)
                 for i, s in enumerate(loaded.requests)]
@@ -166,9 +170,6 @@ def replay(journal: Journal, loaded: LoadedScenario, policy: str,
            records: pd.DataFrame | None = None, max_reported: int = 5) -> ReplayReport:
     """Replay `journal` (a real run of `policy` on `loaded`'s workload); compare every plan and,
     given the run's records, every request's token times and owners."""
-    if policy not in REPLAYED_POLICIES:
-        raise ValueError(f"no replay for policy {policy!r}; the runtime runs "
-                         f"{', '.join(REPLAYED_POLICIES)}")
     requests, calls = journal_calls(loaded, policy)
     report = ReplayReport(policy)
     env = simpy.Environment()
@@ -198,6 +199,19 @@ def replay(journal: Journal, loaded: LoadedScenario, policy: str,
         if not report.records_match:
             report.mismatches.append("replayed token times or owners differ from requests.parquet")
     return report
+
+
+def replay_states(journal: Journal, loaded: LoadedScenario, policy: str) -> pd.DataFrame:
+    """The scheduler state after each call of `journal`, recomputed by making its calls on
+    fresh schedulers (no clock needed: each call takes its recorded time), as
+    :meth:`node_series.StateLog.frame`: what a real run's ``state.parquet`` must hold."""
+    _, calls = journal_calls(loaded, policy)
+    states = StateLog(state_reader(calls.state if policy == "dualpace" else calls.sched))
+    states.sample(0.0)  # empty at the clock's start, as the runtime samples it
+    for e in journal.entries:
+        calls(e)
+        states.sample(e.t)
+    return states.frame()
 
 
 def _outcomes(df: pd.DataFrame) -> list[tuple]:

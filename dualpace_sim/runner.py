@@ -12,11 +12,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-
 from .budgets import BUDGET_KEYS
 from .metrics import longest_cpu_stall, summarize
+from .node_series import record_series_counters, write_series
 from .outputs import write_json
 from .plots import plot_timeline
 from .progress import progress_bar
@@ -24,7 +22,6 @@ from .provenance import parquet_metadata, provenance, scenario_hash
 from .records import PolicyRecords, write_policy_records
 from .scenario import LoadedScenario, load_scenario
 from .sim import make_node
-from .state_series import state_series
 from .trace_events import TraceRecorder, write_trace
 
 
@@ -45,7 +42,7 @@ def simulate(
         node = make_node(loaded.requests, loaded.cost, loaded.policy_config(policy),
                          loaded.neo_launch_s, on_finish=bar.update, trace=trace)
         output = node.run()
-    records = PolicyRecords.from_requests(output.requests, policy)
+    records = PolicyRecords.from_requests(output.requests, policy, output.series)
     frame, tokens = records.requests, records.tokens
     summary = {
         "scenario": loaded.spec.name,
@@ -78,7 +75,7 @@ def utilisation(stats, loaded: LoadedScenario) -> dict[str, float]:
     if end <= 0:
         return dict.fromkeys(UTILISATION_KEYS, math.nan)
     return dict(zip(UTILISATION_KEYS, (
-        stats.gpu_busy_s / end, stats.cpu_busy_s / end,
+        (stats.gpu_busy_s + stats.gpu_assist_s) / end, stats.cpu_busy_s / end,
         stats.h2d_bytes / (link.h2d_bytes_per_s * end),
         stats.d2h_bytes / (link.d2h_bytes_per_s * end)), strict=True))
 
@@ -101,24 +98,6 @@ def _controls(loaded: LoadedScenario, policy: str) -> dict:
         out["launch_s"] = {"value": loaded.neo_launch_s, "source": "scenario" if given else
                            f"profile ({loaded.profile.provenance.method})"}
     return out
-
-
-# Counter tracks of a timeline trace: track -> the state_series columns it plots.
-COUNTER_TRACKS = {"requests": ("waiting", "decoding"),
-                  "KV blocks held": ("gpu_kv_blocks", "host_kv_blocks")}
-
-
-def record_state_counters(trace: TraceRecorder, frame: pd.DataFrame, block_size: int) -> None:
-    """The queue and KV series that `dualpace-sim plot` draws (:func:`state_series`), as
-    counter tracks of the run's trace, a sample where any value changes."""
-    series = state_series(frame, block_size)
-    columns = [c for cols in COUNTER_TRACKS.values() for c in cols]
-    values = series[columns].to_numpy()
-    changed = np.ones(len(series), dtype=bool)
-    changed[1:] = (values[1:] != values[:-1]).any(axis=1)
-    for row in series[changed].itertuples(index=False):
-        for track, cols in COUNTER_TRACKS.items():
-            trace.counter(track, row.time_s, **{c: int(getattr(row, c)) for c in cols})
 
 
 def stamp(summary: dict, digest: str, record: dict) -> dict:
@@ -152,10 +131,11 @@ def run_scenario(
         trace = None if trace_events is None else TraceRecorder(f"{loaded.spec.name}: {policy}")
         records[policy], summary = simulate(loaded, policy, progress, trace)
         if trace is not None:
-            record_state_counters(trace, records[policy].frame(), loaded.config.block_size)
+            record_series_counters(trace, records[policy].series)
         summaries.append(stamp(summary, digest, record))
         write_policy_records(list(records.values()), out / "requests.parquet",
                              parquet_metadata(record))
+        write_series({p: r.series for p, r in records.items()}, out, parquet_metadata(record))
         write_json(out / "summary.json", summaries)
         if trace is not None:
             traces.append(trace)

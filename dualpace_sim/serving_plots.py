@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from .metrics import itl_values, latency_values
+from .node_series import NodeSeries, held_at
 from .plots import (
     RATE_LABEL,
     draw_band,
@@ -99,28 +100,75 @@ def plot_latency_cdfs_by_rate(frames: dict[float, pd.DataFrame], out_stem: Path,
     return save_figure(fig, out_stem)
 
 
-def plot_state_over_time(series: dict[str, pd.DataFrame], capacities: dict[str, dict],
+PLOT_POINTS = 2000  # times a state panel samples (a run has millions of state rows)
+
+
+def plot_state_over_time(series: dict[str, NodeSeries], capacities: dict[str, dict],
                          out_stem: Path, *, title: str) -> list[Path]:
-    """Queues (left: waiting for a first token solid, decoding dashed) and the KV blocks
-    requests hold (right: HBM solid, host dashed, each pool's capacity dotted) over time, one
-    colour per policy (:func:`state_series.state_series`)."""
-    fig = new_figure((12, 4.6))
-    queue_ax, kv_ax = fig.subplots(1, 2)
+    """What each policy's node held and how busy it was over time, one colour per policy
+    (`dualpace_sim.node_series`): requests waiting for a first token (solid), decoding on the
+    GPU (dashed) and on the CPU (dotted); HBM KV blocks held, and host KV blocks held (solid)
+    and with the growth and migration room the host envelope reserves (dashed), each against
+    its pool (grey); the GPU's, the CPU engine's and each PCIe direction's busy share. A panel
+    no policy used says so instead of drawing a flat line."""
+    fig = new_figure((15, 8))
+    axes = fig.subplots(2, 3)
+    queue_ax, hbm_ax, host_ax = axes[0]
+    gpu_ax, cpu_ax, pcie_ax = axes[1]
     colors = policy_colors(series)
+    end = max((float(s.utilisation["end_s"].iloc[-1]) for s in series.values()
+               if len(s.utilisation)), default=0.0)
+    times = np.linspace(0.0, end, PLOT_POINTS)
+    used = {"cpu_decoding": False, "host": False, "cpu": False, "pcie": False}
     for policy, s in series.items():
         c = colors[policy]
-        queue_ax.plot(s["time_s"], s["waiting"], color=c, label=f"{policy} waiting")
-        queue_ax.plot(s["time_s"], s["decoding"], color=c, ls="--", label=f"{policy} decoding")
-        kv_ax.plot(s["time_s"], s["gpu_kv_blocks"], color=c, label=f"{policy} HBM KV")
-        kv_ax.plot(s["time_s"], s["host_kv_blocks"], color=c, ls="--",
-                   label=f"{policy} host KV")
+        held = held_at(s.state, times)
+        step = {"color": c, "drawstyle": "steps-post"}
+        queue_ax.plot(times, held["waiting"] + held["prefilling"], **step,
+                      label=f"{policy} waiting")
+        queue_ax.plot(times, held["gpu_decoding"], ls="--", **step,
+                      label=f"{policy} GPU decoding")
+        if (s.state["cpu_decoding"] > 0).any():
+            used["cpu_decoding"] = True
+            queue_ax.plot(times, held["cpu_decoding"], ls=":", **step,
+                          label=f"{policy} CPU decoding")
+        hbm_ax.plot(times, held["hbm_kv_blocks"], **step, label=policy)
         cap = capacities.get(policy) or {}
-        for key, ls in (("gpu_kv_blocks", ":"), ("host_kv_blocks", "-.")):
-            # a pool far above what is held would flatten the curves: only a near one
-            if cap.get(key) and s[key].max() >= 0.25 * cap[key]:
-                kv_ax.axhline(cap[key], color=c, ls=ls, lw=0.8)
-    queue_ax.set(xlabel="time (s)", ylabel="requests", title="Requests waiting and decoding")
-    kv_ax.set(xlabel="time (s)", ylabel="KV blocks held",
-              title="KV blocks held (dotted: HBM pool, dash-dot: host pool)")
+        if cap.get("gpu_kv_blocks"):  # a pool far above what is held would flatten the curves
+            hbm_ax.axhline(cap["gpu_kv_blocks"], color=c, ls=":", lw=0.8, alpha=0.7)
+        if (s.state["host_kv_blocks"] > 0).any():
+            used["host"] = True
+            reserved = (held["host_kv_blocks"] + held["host_kv_growth_blocks"]
+                        + held["host_kv_migration_blocks"])
+            host_ax.plot(times, held["host_kv_blocks"], **step, label=policy)
+            host_ax.plot(times, reserved, ls="--", **step,
+                         label=f"{policy} held + reserved")
+            if cap.get("host_kv_blocks") and reserved.max() >= 0.25 * cap["host_kv_blocks"]:
+                host_ax.axhline(cap["host_kv_blocks"], color=c, ls=":", lw=0.8, alpha=0.7)
+        u = s.utilisation
+        mid = ((u["start_s"] + u["end_s"]) / 2).to_numpy()
+        gpu_ax.plot(mid, u["gpu"], color=c, label=policy)
+        if (u["cpu"] > 0).any():
+            used["cpu"] = True
+            cpu_ax.plot(mid, u["cpu"], color=c, label=policy)
+        if (u[["pcie_h2d", "pcie_d2h"]] > 0).any(axis=None):
+            used["pcie"] = True
+            pcie_ax.plot(mid, u["pcie_h2d"], color=c, label=f"{policy} host to GPU")
+            pcie_ax.plot(mid, u["pcie_d2h"], color=c, ls="--", label=f"{policy} GPU to host")
+    queue_ax.set(xlabel="time (s)", ylabel="requests",
+                 title="Waiting (solid), decoding on GPU (dashed)"
+                       + (" and CPU (dotted)" if used["cpu_decoding"] else ""))
+    hbm_ax.set(xlabel="time (s)", ylabel="KV blocks", title="HBM KV held (dotted: the pool)")
+    host_ax.set(xlabel="time (s)", ylabel="KV blocks",
+                title="Host KV held, and with reserved growth (dashed)")
+    if not used["host"]:
+        say_empty(host_ax, "no host KV used")
+    for ax, name, key in ((gpu_ax, "GPU", None), (cpu_ax, "CPU engine", "cpu"),
+                          (pcie_ax, "PCIe", "pcie")):
+        ax.set(xlabel="time (s)", ylabel="busy share", title=f"{name} utilisation")
+        if key is not None and not used[key]:
+            say_empty(ax, f"no {name} work" if key == "cpu" else "no PCIe transfers")
+        else:
+            ax.set_ylim(0, 1.05)
     fig.suptitle(title)
     return save_figure(fig, out_stem)

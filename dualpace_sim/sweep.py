@@ -8,6 +8,8 @@ Layout of a sweep directory (every column and key: docs' output reference)::
     DIR/points/<policy>@<rate>[,<key>=<value>...]/
                                     one point, written as soon as it finishes
         requests.parquet            per-request records (see records.py), provenance metadata
+        state.parquet               queues and KV over time (see node_series.py), likewise
+        utilisation.parquet         each engine's busy share over time, likewise
         summary.json                a list of one summary, the shape of `run`'s
         error.txt                   only when the point failed (the worker's traceback)
     DIR/sweep.csv                   one row per finished point, sorted by policy, setting, rate
@@ -48,6 +50,7 @@ import pandas as pd
 
 from .executors import InProcess, ProcessPool, RayCluster
 from .metrics import sustainable_rate
+from .node_series import STATE_FILE, UTILISATION_FILE, write_series
 from .outputs import temporary_name, write_json, write_text_atomically
 from .overrides import Setting, grid_settings, merged, nested, setting_text
 from .progress import progress_bar
@@ -201,6 +204,8 @@ def write_point(pdir: Path, result: PointResult, digest: str, record: dict) -> N
         return
     pdir.mkdir(parents=True, exist_ok=True)
     write_policy_records([result.records], pdir / "requests.parquet", parquet_metadata(record))
+    write_series({result.records.policy: result.records.series}, pdir,
+                 parquet_metadata(record))
     write_json(pdir / "summary.json", [stamp(result.summary, digest, record)])
     (pdir / "error.txt").unlink(missing_ok=True)
 
@@ -209,7 +214,8 @@ def write_point(pdir: Path, result: PointResult, digest: str, record: dict) -> N
 
 
 SWEEP_FILES = ("sweep.json", "sweep.csv", "sustainable.csv", "sweep_ci.csv")
-POINT_FILES = ("requests.parquet", "summary.json", "error.txt")
+POINT_FILES = ("requests.parquet", STATE_FILE, UTILISATION_FILE, "summary.json",
+               "error.txt")
 PLOT_SUFFIXES = (".png", ".pdf")
 
 

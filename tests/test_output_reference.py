@@ -10,8 +10,8 @@ import yaml
 
 from dualpace_sim import output_reference as ref
 from dualpace_sim.capacity import COLUMNS as CAPACITY_COLUMNS
+from dualpace_sim.node_series import COUNTER_TRACKS, STATE_FILE, UTILISATION_FILE
 from dualpace_sim.records import RECORDS_SCHEMA
-from dualpace_sim.runner import COUNTER_TRACKS
 from dualpace_sim.sweep import run_sweep
 from dualpace_sim.trace_events import MIGRATION, TRACKS
 from dualpace_sim.validate import COLUMNS as VALIDATION_COLUMNS
@@ -53,6 +53,8 @@ def test_records_and_summary_are_described(swept):
     covers_exactly(list(summary["provenance"]), ref.PROVENANCE, "summary.json provenance")
     covers_exactly(list(json.loads((swept / "sweep.json").read_text())), ref.SWEEP_JSON,
                    "sweep.json")
+    for name, rows in ((STATE_FILE, ref.STATE), (UTILISATION_FILE, ref.UTILISATION)):
+        assert list(pd.read_parquet(point / name).columns) == names(rows), name
 
 
 def test_sweep_csvs_are_described(swept):

@@ -8,15 +8,15 @@ import gzip
 import json
 from types import SimpleNamespace
 
-import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 import dualpace_sim.plots as plots
+import dualpace_sim.serving_plots as serving_plots
 from dualpace_sim.cli import app
+from dualpace_sim.node_series import ENGINES, read_series
 from dualpace_sim.records import records_frame
-from dualpace_sim.state_series import state_series
 from dualpace_sim.sweep import run_sweep
 
 runner = CliRunner()
@@ -86,6 +86,7 @@ def figures(monkeypatch):
         return real(fig, out_stem)
 
     monkeypatch.setattr(plots, "save_figure", keep)
+    monkeypatch.setattr(serving_plots, "save_figure", keep)
     return kept
 
 
@@ -117,18 +118,37 @@ def test_one_shared_legend_below_the_panels_and_mathtext(figures, tmp_path):
     assert "sustainable" in fig.axes[0].get_title()
 
 
-def test_state_series_by_hand():
-    """Prompt 25, blocks of 16, 13 tokens from 1 s to 3 s: 2 blocks after the first token, 3
-    once 8 tokens are out (10 by 2.5 s), none after the last; swapped out at 1.5 s."""
-    req = SimpleNamespace(req_id=0, arrival_s=0.0, prompt_tokens=25, max_tokens=13,
-                          token_times=list(np.linspace(1.0, 3.0, 13)), token_owners=bytearray(13),
-                          migrations=[(1.5, "swap_out")])
-    s = state_series(records_frame([req], "x"), block_size=16, points=7)  # every 0.5 s
-    assert s["time_s"].tolist() == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
-    assert s["waiting"].tolist() == [1, 1, 0, 0, 0, 0, 0]
-    assert s["decoding"].tolist() == [0, 0, 1, 1, 1, 1, 0]
-    assert s["gpu_kv_blocks"].tolist() == [0, 0, 2, 0, 0, 0, 0]
-    assert s["host_kv_blocks"].tolist() == [0, 0, 0, 2, 2, 3, 0]
+def test_the_state_figure_of_a_gpu_only_run_says_which_panels_are_unused(figures,
+                                                                           write_scenario,
+                                                                           tmp_path):
+    """vLLM has no host pool and no CPU engine: those panels say so; the others draw the
+    series from the run's state.parquet and utilisation.parquet."""
+    out = tmp_path / "o"
+    path = write_scenario(policies=["vllm"], vllm={"max_num_batched_tokens": 2048,
+                                                   "max_num_seqs": 256})
+    result = runner.invoke(app, ["run", str(path), "-o", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    figures.clear()
+    result = runner.invoke(app, ["plot", str(out)])
+    assert result.exit_code == 0, result.output
+    fig = next(f for f in figures if "utilisation over time" in f.get_suptitle())
+    texts = {ax.get_title(): [t.get_text() for t in ax.texts] for ax in fig.axes}
+    assert texts["Host KV held, and with reserved growth (dashed)"] == ["no host KV used"]
+    assert texts["CPU engine utilisation"] == ["no CPU engine work"]
+    assert texts["PCIe utilisation"] == ["no PCIe transfers"]
+    gpu_ax = next(ax for ax in fig.axes if ax.get_title() == "GPU utilisation")
+    assert gpu_ax.get_lines() and max(gpu_ax.get_lines()[0].get_ydata()) > 0.5
+    assert written(out / "plots" / "state_over_time")
+
+
+def test_a_run_without_series_files_gets_a_line_not_a_figure(write_scenario, tmp_path):
+    out = tmp_path / "o"
+    assert runner.invoke(app, ["run", str(write_scenario()), "-o", str(out), "-q"]).exit_code == 0
+    (out / "state.parquet").unlink()
+    result = runner.invoke(app, ["plot", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "has no dualpace state.parquet (made by an older version)" in result.output
+    assert not (out / "plots" / "state_over_time.png").exists()
 
 
 def test_the_trace_has_counter_tracks_for_the_same_series(write_scenario, tmp_path):
@@ -138,6 +158,16 @@ def test_the_trace_has_counter_tracks_for_the_same_series(write_scenario, tmp_pa
     assert result.exit_code == 0, result.output
     events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
     counters = [e for e in events if e["ph"] == "C"]
-    assert {e["name"] for e in counters} == {"requests", "KV blocks held"}
-    kv = [e["args"] for e in counters if e["name"] == "KV blocks held"]
-    assert max(a["gpu_kv_blocks"] for a in kv) > 0 and kv[-1]["gpu_kv_blocks"] == 0
+    assert {e["name"] for e in counters} == {"requests", "KV blocks", "utilisation"}
+    series = read_series(tmp_path / "o")["dualpace"]
+    kv = [e for e in counters if e["name"] == "KV blocks"]
+    # one sample per row of state.parquet, the same values
+    assert [e["args"]["hbm_kv_blocks"] for e in kv] == series.state["hbm_kv_blocks"].tolist()
+    assert [e["args"]["host_kv_growth_blocks"] for e in kv] == \
+        series.state["host_kv_growth_blocks"].tolist()
+    assert max(e["args"]["hbm_kv_blocks"] for e in kv) > 0 and kv[-1]["args"]["hbm_kv_blocks"] == 0
+    util = [e["args"] for e in counters if e["name"] == "utilisation"]
+    assert len(util) == len(series.utilisation) + 1  # each bin, then 0 at the end
+    assert [a["gpu"] for a in util[:-1]] == pytest.approx(series.utilisation["gpu"].tolist(),
+                                                          abs=1e-6)
+    assert all(0 <= a[e] <= 1 for a in util for e in ENGINES)

@@ -24,6 +24,17 @@ SECTIONS = [
     ("requests.parquet", "One row per request and policy (`run`, each sweep point, "
      "`validate`'s `sim/`). The file's key-value metadata holds the provenance below as JSON "
      f"under `{PARQUET_KEY}` (`dualpace_sim.records.read_metadata`).", ref.RECORDS),
+    ("state.parquet", "What the node held over time, one policy after another (`run`, each "
+     "sweep point, `dualpace-hw run` and `serve`), with the same metadata. Recorded from the "
+     "scheduler's own state after each core call: the simulator samples it as it runs; the "
+     "real runtime samples it at each journaled call, so it equals what replaying the journal "
+     "gives (`dualpace_sim.replay.replay_states`). `dualpace-sim plot` draws it "
+     "(`state_over_time`).", ref.STATE),
+    ("utilisation.parquet", "How busy each engine was over time: the share of each bin it "
+     "worked, within 0-1 (busy time is kept in 65,536 fine bins per engine, which double in "
+     "width as the run grows, and spread evenly inside one; summed over the bins, the "
+     "simulated GPU's is its batch and assist time, its CPU's the CPU busy time).",
+     ref.UTILISATION),
     ("summary.json", "A list with one entry per policy, in the same shape for `run`, each "
      "sweep point (a list of one) and `validate`'s `sim/`.", ref.SUMMARY),
     ("summary.json: engine", "The engines' counters of one policy's run.", ref.ENGINE),
@@ -41,7 +52,9 @@ SECTIONS = [
     ("validation.csv", "`dualpace-sim validate`: one row per policy and metric.",
      ref.VALIDATION_CSV),
     ("Trace tracks", "`--trace-events FILE` (Chrome/Perfetto JSON, gzip when FILE ends in "
-     "`.gz`): one process per policy, one thread per track.", ref.TRACE_TRACKS),
+     "`.gz`): one process per policy, one thread per track, and the counter tracks of "
+     "`state.parquet` and `utilisation.parquet` (`dualpace-sim run` and `dualpace-hw run`).",
+     ref.TRACE_TRACKS),
 ]
 
 

@@ -130,8 +130,8 @@ class AssistBooker:
             i += 1
             if i < n:
                 ready = ready + (resume - ready + read + local + write)
-        self.link.h2d.carry(to_gpu)
-        self.link.d2h.carry(to_host)
+        self.link.h2d.carry(to_gpu, now)
+        self.link.d2h.carry(to_host, now)
         c.next, c.ready, c.resume = i, ready, resume
         if i == n:
             self.chain = None

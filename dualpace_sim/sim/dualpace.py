@@ -23,6 +23,7 @@ from ..core import (
     assist_reachable,
 )
 from ..costs import CostModel
+from ..node_series import StateLog, state_reader
 from ..trace_events import CPU_ENGINE, GPU_ENGINE, TraceRecorder
 from .assist import AssistBooker
 from .node import Node, ids
@@ -47,6 +48,7 @@ class DualPaceNode(Node):
         self.state = EngineState(config)
         self.gpu_sched = GpuScheduler(self.state)
         self.cpu_sched = CpuScheduler(self.state)
+        self.states = StateLog(state_reader(self.state))
         self._copies_land_s = 0.0
         self.assists = AssistBooker(self.env, self.gpu, self.link, cost, trace)
         self._head_wait: tuple[float, int, str] | None = None  # (since, req_id, why), traced
@@ -82,6 +84,7 @@ class DualPaceNode(Node):
                     self.assists.gpu_moves_on()
                     yield env.timeout(self._copies_land_s - env.now)
                 st.complete_copy_group(env.now)
+                self._sample()
                 self._note_finished()
                 self._wake_cpu()
                 continue
@@ -90,6 +93,7 @@ class DualPaceNode(Node):
                 yield self._idle("gpu")
                 continue
             sched.commit(plan)
+            self._sample()
             self._wake_cpu()
             self.stats.gpu_rounds += 1
             if plan.has_migrations:
@@ -106,6 +110,7 @@ class DualPaceNode(Node):
             self.assists.gpu_moves_on()
             yield env.timeout(land - env.now)
         self.state.complete_migrations(plan.swap_outs, plan.swap_ins, env.now)
+        self._sample()
         self._wake_cpu()
 
     def _forward(self, plan: GpuPlan):
@@ -126,6 +131,7 @@ class DualPaceNode(Node):
         if self.trace is not None:
             self._trace_forward(plan, start, to_cpu=ids(c.req for c in copies))
         self.gpu_sched.apply(plan, GpuResult(env.now))
+        self._sample()
         self._note_finished()
 
     # ---------------------------------------------------------------------- CPU engine
@@ -135,6 +141,7 @@ class DualPaceNode(Node):
         while not self._done():
             plan = sched.schedule()
             sched.commit(plan)
+            self._sample()
             if plan.held_back or plan.admitted:
                 self._wake("gpu")
             if plan.is_empty:
@@ -153,9 +160,11 @@ class DualPaceNode(Node):
             start = self.env.now
             yield from self._cpu_batch(plan)
             self.stats.cpu_busy_s += self.env.now - start
+            self.cpu_worked.add(start, self.env.now)
             if self.trace is not None:
                 self._trace_cpu_round(plan, start)
             sched.apply(plan, CpuResult(self.env.now))
+            self._sample()
             self._note_finished()
             self._wake("gpu")
 

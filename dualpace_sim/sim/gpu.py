@@ -27,6 +27,8 @@ from collections.abc import Callable
 
 import simpy
 
+from ..node_series import Intervals
+
 
 class GpuDevice:
     def __init__(self, env: simpy.Environment, poll_s: float, stage_mode: bool) -> None:
@@ -37,6 +39,7 @@ class GpuDevice:
         self.busy_s = 0.0  # GPU-main time, for utilization
         self.assist_s = 0.0  # time spent servicing Dense Assist
         self.assist_calls = 0
+        self.worked = Intervals()  # batches and assists, for utilisation over time
         # Called once a batch is set up, before the worker sleeps: lets the caller book the
         # assists that will meet it, so they are known before its end is scheduled.
         self.on_batch_start: Callable[[], None] | None = None
@@ -76,6 +79,7 @@ class GpuDevice:
             yield env.timeout(remaining)
         self.active = False
         self.busy_s += self._end - self._start
+        self.worked.add(self._start, env.now)  # assists it serviced inside fill the rest
         return self._start, self._first + n_layers * self._layer + self._shift
 
     def _begin(self, start: float) -> None:
@@ -96,7 +100,9 @@ class GpuDevice:
         return [first + (k + 1) * step for k in range(n)]
 
     def assist(self, ready_s: float, service_s: float) -> float:
-        """Book a Dense Assist that becomes ready at `ready_s`; returns its service start."""
+        """Book a Dense Assist that becomes ready at `ready_s`; returns its service start.
+        One serviced inside the running batch is in that batch's interval of work (it pushes
+        the batch's end back); the others are logged as their own."""
         self.assist_calls += 1
         self.assist_s += service_s
         if self.active:
@@ -104,6 +110,7 @@ class GpuDevice:
                 start = self.busy_until
                 self.busy_until = start + service_s
                 self._begin(self.busy_until)
+                self.worked.add(start, self.busy_until)
                 return start
             since_first = ready_s - self._shift - self._first
             k = max(self._next_k, math.ceil(since_first / self._layer - 1e-9) + self._ahead)
@@ -113,8 +120,8 @@ class GpuDevice:
                 self._next_k = k + 1
                 return start
             start = self._end + self._shift  # in the post-layer: right after the batch
-            self.busy_until = start + service_s
-            return start
-        start = max(ready_s, self.busy_until)
+        else:
+            start = max(ready_s, self.busy_until)
         self.busy_until = start + service_s
+        self.worked.add(start, self.busy_until)
         return start

@@ -7,6 +7,8 @@ order, and booking needs no extra events on the hot path.
 
 from __future__ import annotations
 
+from ..node_series import Intervals
+
 
 class Channel:
     """One direction of the link."""
@@ -18,6 +20,7 @@ class Channel:
         self.free_at = 0.0
         self.busy_s = 0.0
         self.bytes_moved = 0
+        self.worked = Intervals()  # when it moved data, for utilisation over time
 
     def transfer(self, issue_s: float, nbytes: int) -> tuple[float, float]:
         """Book a transfer issued at `issue_s`; returns when it starts moving (after the ones
@@ -27,15 +30,18 @@ class Channel:
         self.free_at = start + duration
         self.busy_s += duration
         self.bytes_moved += nbytes
+        self.worked.add(start, self.free_at)
         return start, self.free_at
 
     def transfer_each(self, issues_s: list[float], nbytes: int) -> float:
         """Book one transfer of `nbytes` at each issue time, in order (what `transfer` does
         for each, in one loop); returns when the last one lands."""
         duration = self.duration(nbytes)
-        free, busy = self.free_at, self.busy_s
+        free, busy, add = self.free_at, self.busy_s, self.worked.add
         for issue in issues_s:
-            free = (issue if issue > free else free) + duration
+            start = issue if issue > free else free
+            free = start + duration
+            add(start, free)
             busy += duration
         self.free_at, self.busy_s = free, busy
         self.bytes_moved += nbytes * len(issues_s)
@@ -45,13 +51,15 @@ class Channel:
         """Time on the wire of one transfer: latency plus bytes over bandwidth."""
         return self.latency_s + nbytes / self.bytes_per_s
 
-    def carry(self, nbytes: int) -> None:
+    def carry(self, nbytes: int, at_s: float) -> None:
         """Account bytes whose transfer time a measured latency already includes (Dense Assist
         activations, g_x in the profile). They travel on the assist's own stream and do not
         queue behind KV copies: a copy engine interleaves streams, and megabytes of
-        activations next to gigabytes of KV change little."""
+        activations next to gigabytes of KV change little. For utilisation over time they
+        count as moving from `at_s` at the full bandwidth."""
         self.busy_s += nbytes / self.bytes_per_s
         self.bytes_moved += nbytes
+        self.worked.add(at_s, at_s + nbytes / self.bytes_per_s)
 
 
 class Link:

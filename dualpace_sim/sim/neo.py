@@ -14,6 +14,7 @@ from ..core import Request
 from ..core.neo import NeoConfig, NeoHostFull, NeoPlan, NeoPredictor, NeoScheduler, layer_time
 from ..costs import CostModel
 from ..costs.neo_tables import NeoTables
+from ..node_series import StateLog, state_reader
 from ..trace_events import CPU_ENGINE, GPU_ENGINE, TraceRecorder
 from .node import Node, SimulationStalled, ids
 
@@ -41,6 +42,7 @@ class NeoNode(Node):
                          trace=trace)
         self.tables = NeoTables(cost, launch_s)
         self.sched = NeoScheduler(config, self.tables)
+        self.states = StateLog(state_reader(self.sched))
         shape = cost.shape
         # Per CPU decode and layer: Q, K, V to the host, the attention output back.
         self._to_host_bytes = (shape.q_dim + 2 * shape.kv_dim) * shape.dtype_bytes
@@ -68,6 +70,7 @@ class NeoNode(Node):
                 plan = sched.schedule(env.now)
             except NeoHostFull as e:  # the run cannot go on: reported as a stall, one line
                 raise SimulationStalled(f"simulation stalled at t={env.now:.3f}s: {e}") from None
+            self._sample()
             if not plan.batches:  # nothing on the GPU (so no swap either): sleep until work
                 yield self._idle("gpu")
                 continue
@@ -76,6 +79,7 @@ class NeoNode(Node):
                 yield from self._swap(plan)
             yield from self._iterate(plan)
             sched.apply(plan, env.now)
+            self._sample()
             self._note_finished()
 
     def _swap(self, plan: NeoPlan):
@@ -100,13 +104,16 @@ class NeoNode(Node):
                                              cpu_prefills)
             self.stats.prefills_to_cpu += len(cpu_prefills)
         n_cpu = sum(len(b.cpu_decodes) for b in plan.batches)
+        cpu_s = n * sum(b.cpu_time(self.tables) for b in plan.batches) if n_cpu else 0.0
         if n_cpu:
-            self.link.d2h.carry(n * n_cpu * self._to_host_bytes)
-            self.link.h2d.carry(n * n_cpu * self._to_gpu_bytes)
-            self.stats.cpu_busy_s += n * sum(b.cpu_time(self.tables) for b in plan.batches)
+            self.link.d2h.carry(n * n_cpu * self._to_host_bytes, env.now + pre)
+            self.link.h2d.carry(n * n_cpu * self._to_gpu_bytes, env.now + pre)
+            self.stats.cpu_busy_s += cpu_s
             self.stats.cpu_rounds += 1
         self.stats.pipelined_iterations += plan.pipelined
         start, last_layer_end = yield from self.gpu.run_batch(pre, per_layer, n, post)
+        # the CPU attention runs inside the layers; its time counts from their start
+        self.cpu_worked.add(start + pre, start + pre + cpu_s)
         if self.trace is not None:
             self._trace_iteration(plan, start, start + pre, last_layer_end, per_layer)
         if landed > env.now:

@@ -15,6 +15,7 @@ from simpy.events import NORMAL
 from ..core import GpuPlan, GpuResult, Request
 from ..core.neo import NeoPlan
 from ..costs import CostModel
+from ..node_series import Busy, Intervals, NodeSeries, StateLog
 from ..trace_events import GPU_ENGINE, PCIE_D2H, PCIE_H2D, TraceRecorder
 from .gpu import GpuDevice
 from .links import Link
@@ -70,6 +71,7 @@ class SimStats:
 class SimOutput:
     requests: list[Request]  # in submission order
     stats: SimStats
+    series: NodeSeries  # queues, KV and utilisation over time
 
 
 class Node:
@@ -97,10 +99,12 @@ class Node:
         self.link = Link(link.h2d_bytes_per_s, link.d2h_bytes_per_s, link.latency_s)
         self.gpu = GpuDevice(self.env, cost.poll_s, stage_mode)
         self.stats = SimStats(stage_mode=stage_mode)
+        self.cpu_worked = Intervals()  # CPU rounds (DualPace) or CPU attention (NEO)
         self.requests = [
             Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, block_size)
             for i, s in enumerate(specs)
         ]
+        self.states: StateLog | None = None  # set by each subclass over its scheduler
         self._on_finish = on_finish
         self._events: dict[str, simpy.Event] = {}
         self._n_finished = 0
@@ -126,6 +130,7 @@ class Node:
         env = self.env
         env.process(self._arrivals())
         self._start()
+        self._sample()  # empty at the start, before the first arrival
         env.run()
         unfinished = len(self.requests) - self._finished_count()
         if unfinished:
@@ -139,7 +144,19 @@ class Node:
         )
         s.h2d_bytes, s.d2h_bytes = self.link.h2d.bytes_moved, self.link.d2h.bytes_moved
         s.end_s = env.now
-        return SimOutput(self.requests, s)
+        return SimOutput(self.requests, s, NodeSeries.of(self.states, self._busy(), env.now))
+
+    def _busy(self) -> Busy:
+        """When each engine worked: the GPU worker's and the link's own logs, and the CPU
+        engine's (:attr:`cpu_worked`, kept by the subclasses that have one)."""
+        busy = Busy()
+        busy.gpu, busy.cpu = self.gpu.worked, self.cpu_worked
+        busy.pcie_h2d, busy.pcie_d2h = self.link.h2d.worked, self.link.d2h.worked
+        return busy
+
+    def _sample(self) -> None:
+        """Log the scheduler's state after a core call (:class:`StateLog`)."""
+        self.states.sample(self.env.now)
 
     def _done(self) -> bool:
         return self._finished_count() == len(self.requests)
@@ -176,6 +193,7 @@ class Node:
             if r.arrival_s > env.now:
                 yield env.timeout(r.arrival_s - env.now)
             self._submit(r)
+            self._sample()
             self._wake("gpu")
 
     def _forward_times(self, plan: GpuPlan) -> tuple[float, float, float]:

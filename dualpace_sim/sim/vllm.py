@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from ..core import Request
 from ..core.vllm import VllmConfig, VllmScheduler
 from ..costs import CostModel
+from ..node_series import StateLog, state_reader
 from ..trace_events import TraceRecorder
 from .node import Node
 
@@ -23,6 +24,7 @@ class VllmNode(Node):
         super().__init__(specs, cost, config.block_size, stage_mode=False, on_finish=on_finish,
                          trace=trace)
         self.sched = VllmScheduler(config)
+        self.states = StateLog(state_reader(self.sched))
 
     def _start(self) -> None:
         self.env.process(self._loop())
@@ -43,11 +45,13 @@ class VllmNode(Node):
         while not self._done():
             preempted = sched.preemptions
             plan = sched.schedule(self.env.now)
+            self._sample()
             if not plan.has_forward:
                 yield self._idle("gpu")
                 continue
             self.stats.gpu_rounds += 1
             result = yield from self._run_forward(plan, preempted=sched.preemptions - preempted)
             sched.apply(plan, result)
+            self._sample()
             self.stats.preemptions = sched.preemptions
             self._note_finished()

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -25,12 +26,15 @@ from dualpace_hw.model import Model, ModelWeights, greedy
 from dualpace_hw.runtime import AssistServer, EngineFailure, Engines
 from dualpace_hw.serve import build_runtime, run_real
 from dualpace_hw.shm import SharedArena
+from dualpace_sim.cli import app as sim_app
 from dualpace_sim.core import Owner
 from dualpace_sim.core.journal import JOURNAL_FILE, Journal
 from dualpace_sim.costs import load_profile
 from dualpace_sim.costs.calibrate import run_assist_calls
-from dualpace_sim.records import read_records
-from dualpace_sim.replay import replay, replay_run
+from dualpace_sim.node_series import ENGINES, STATE_COLUMNS, read_series
+from dualpace_sim.provenance import PARQUET_KEY, provenance, scenario_hash
+from dualpace_sim.records import read_metadata, read_records
+from dualpace_sim.replay import replay, replay_run, replay_states
 from dualpace_sim.scenario import load_scenario
 from dualpace_sim.validate import RUN_PROFILE
 
@@ -182,6 +186,13 @@ def test_run_command_writes_what_the_simulator_writes(tmp_path):
     assert (records["n_tokens"] == records["max_tokens"]).all()
     assert (out / "timeline.png").exists()
     check_real_trace(out / "trace.json", summary)
+    check_real_series(out, path, summary, records)
+    # provenance, as the simulator's outputs carry it
+    record = provenance(load_scenario(path))
+    assert all(s["provenance"] == record and s["scenario_hash"] == scenario_hash(path)
+               for s in summary)
+    for name in ("requests.parquet", "state.parquet", "utilisation.parquet"):
+        assert json.loads(read_metadata(out / name)[PARQUET_KEY]) == record, name
     # the calibration profile it ran with, for `dualpace-sim validate` to compare it with
     assert load_profile(out / RUN_PROFILE) == load_scenario(path).profile
     # every Dense Assist, for the Appendix B calibration (routes (0, 0): Fused-Assist only)
@@ -232,6 +243,32 @@ def check_real_trace(path, summary) -> None:
         assert len(slices.get("Dense Assist", [])) == engine["assist_calls"]
         if s["policy"] == "dualpace":
             assert engine["cpu_rounds"] > 0 and engine["assist_calls"] > 0
+
+
+def check_real_series(out, path, summary, records) -> None:
+    """A real run's queues and KV over time are the core state replaying its journal through
+    fresh schedulers gives, at every call; its utilisation lies in [0, 1], with CPU work where
+    the CPU decoded; its trace has the counter tracks; `dualpace-sim plot` draws the panels."""
+    loaded = load_scenario(path)
+    series = read_series(out)
+    assert list(series) == [s["policy"] for s in summary]
+    events = json.loads((out / "trace.json").read_text())["traceEvents"]
+    for pid, (policy, s) in enumerate(series.items(), 1):
+        journal = Journal.read(out / JOURNAL_FILE.format(policy=policy))
+        pd.testing.assert_frame_equal(s.state, replay_states(journal, loaded, policy))
+        assert len(s.state) > 10 and s.state["hbm_kv_blocks"].max() > 0
+        assert s.state["hbm_kv_blocks"].max() <= loaded.config.gpu_kv_blocks
+        assert (s.state.iloc[-1][list(STATE_COLUMNS)] == 0).all()
+        u = s.utilisation
+        assert ((u[list(ENGINES)] >= 0) & (u[list(ENGINES)] <= 1)).all(axis=None)
+        assert u["gpu"].max() > 0
+        cpu_tokens = "C" in "".join(records[records["policy"] == policy]["token_owners"])
+        assert (u["cpu"].max() > 0) == cpu_tokens
+        kv = [e for e in events if e["pid"] == pid and e.get("name") == "KV blocks"]
+        assert [e["args"]["hbm_kv_blocks"] for e in kv] == s.state["hbm_kv_blocks"].tolist()
+    result = CliRunner().invoke(sim_app, ["plot", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "plots" / "state_over_time.png").stat().st_size > 1000
 
 
 def test_assist_block_hands_off_at_a_boundary_and_lets_go_on_stop():

@@ -36,8 +36,8 @@ class SteppingBooker(AssistBooker):
         yield env.timeout(first_s)
         for i, kind in enumerate(kinds):
             t = self.terms(kind, b)
-            self.link.h2d.carry(t.to_gpu)
-            self.link.d2h.carry(t.to_host)
+            self.link.h2d.carry(t.to_gpu, env.now)
+            self.link.d2h.carry(t.to_host, env.now)
             resume = self.gpu.assist(env.now, t.service) + t.g + t.q
             if i < len(kinds) - 1:
                 yield env.timeout(resume - env.now + read + local + write)

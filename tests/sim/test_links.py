@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from dualpace_sim.sim.links import Link
@@ -18,7 +19,7 @@ def test_directions_are_independent_and_each_is_fifo():
 def test_carried_assist_bytes_are_counted_but_never_delay_kv_copies():
     link = Link(10.0, 10.0, 1.0)
     link.d2h.transfer(0.0, 40)  # busy until 5
-    link.d2h.carry(10)
+    link.d2h.carry(10, 1.0)
     assert link.d2h.free_at == pytest.approx(5.0)
     assert link.d2h.bytes_moved == 50
 
@@ -32,3 +33,14 @@ def test_a_series_of_transfers_booked_in_one_call_lands_as_one_by_one():
     assert each.d2h.transfer_each(issues, 30) == last
     assert (each.d2h.free_at, each.d2h.bytes_moved, each.d2h.busy_s) == (
         one.d2h.free_at, one.d2h.bytes_moved, one.d2h.busy_s)
+    # and the same busy time, in the same bins, for utilisation over time
+    assert each.d2h.worked.busy.tolist() == pytest.approx(one.d2h.worked.busy.tolist())
+
+
+def test_a_direction_logs_when_it_moved_data():
+    link = Link(10.0, 10.0, 1.0)
+    link.d2h.transfer(0.0, 40)  # 0-5
+    link.d2h.transfer(1.0, 10)  # queued: 5-7
+    link.d2h.carry(10, 8.0)  # at the bandwidth: 8-9
+    covered = link.d2h.worked.covered(np.array([0.0, 5.0, 7.0, 8.0, 9.0, 20.0]))
+    assert np.diff(covered) == pytest.approx([5.0, 2.0, 0.0, 1.0, 0.0], abs=1e-9)
