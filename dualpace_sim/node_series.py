@@ -62,7 +62,7 @@ def state_reader(sched: EngineState | VllmScheduler | NeoScheduler
             st = sched
             return (len(st.gpu_waiting), len(st.gpu_prefilling), len(st.gpu_running),
                     len(st.cpu_waiting), len(st.cpu_running), st.hbm.used, st.host.used,
-                    st.cpu_growth + st.waiting_growth(), st.b_migration)
+                    st.cpu_growth + st.waiting_growth, st.b_migration)
         return dualpace
     if isinstance(sched, VllmScheduler):
         def vllm() -> tuple[int, ...]:
