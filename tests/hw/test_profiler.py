@@ -70,11 +70,17 @@ def test_quick_profile_has_provenance_fits_and_plots(quick_profile):
     assert cal.runs == ["tiny-llama-calibration/fused-assist/run",
                         "tiny-llama-calibration/split-final/run"]
     assert all((out.parent / r / "assists-dualpace.csv").is_file() for r in cal.runs)
-    # and the GPU iteration overhead from the same runs' decode-only rounds, CPU engine idle
+    # and the GPU iteration overhead from the same runs' decode-only rounds with the CPU
+    # engine idle, where the tiny passes have any (the arithmetic on the H200 passes:
+    # tests/test_served_rounds.py); without them the timed overhead stays, and says so
     served = profile.gpu.iteration_overhead_calibration
-    assert served is not None and served.runs == cal.runs and served.rounds > 0
-    assert profile.gpu.iteration_overhead_s == served.served_s
-    assert "gpu.iteration_overhead_s then set from the same runs'" in profile.provenance.notes
+    set_from_runs = "gpu.iteration_overhead_s then set from the same runs'"
+    if served is None:
+        assert set_from_runs not in profile.provenance.notes
+    else:
+        assert served.runs == cal.runs and served.rounds > 0
+        assert profile.gpu.iteration_overhead_s == served.served_s
+        assert set_from_runs in profile.provenance.notes
     assert "Appendix B's end-to-end calibration" in prov.notes
     assert "calibration: routes (P, F) = " in output
 
