@@ -10,7 +10,9 @@ everywhere else, since timing does not depend on values.
 
 from __future__ import annotations
 
+import itertools
 import json
+import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -235,16 +237,40 @@ def hf_tensors(shape: ModelShape, weights: ModelWeights) -> dict[str, torch.Tens
     return {name: x.detach().to("cpu").contiguous() for name, x in t.items()}
 
 
+def fill_vocabulary(path: Path, vocab_size: int) -> None:
+    """Give the tokenizer at `path` (a byte-level BPE) `vocab_size` ids by adding filler words
+    (" aaaa", " aaab", ...) past its trained ones. No merge produces them, so text encodes as
+    before, but every id a random model samples decodes to text. Without them the ids the
+    small tokenizer lacks decode to nothing, and a load tool counting the tokens it is
+    streamed (guidellm) sees none: it times the first token at the last."""
+    data = json.loads(path.read_text())
+    vocab: dict[str, int] = data["model"]["vocab"]
+    n = max(vocab.values()) + 1
+    if vocab_size <= n:
+        return
+    space = "\u0120"  # the byte-level alphabet's stand-in for a space ("Ġ")
+    words = ("".join(w) for w in itertools.product(string.ascii_lowercase, repeat=4))
+    for word in words:
+        if n == vocab_size:
+            break
+        if space + word not in vocab:
+            vocab[space + word] = n
+            n += 1
+    path.write_text(json.dumps(data, ensure_ascii=False))
+
+
 def write_random_checkpoint(shape: ModelShape, out: Path, seed: int = 0,
                             device: str | torch.device = "cpu",
                             tokenizer_vocab: int = 512) -> Path:
     """A checkpoint folder of `shape` with seeded random weights (drawn on `device`, bf16) and
     a small trained tokenizer: what `serve` needs where nothing can be downloaded. Its text is
-    noise, but its timing is the model's (the tokenizer's few ids are all a prompt uses; the
-    model samples any of its own, and those the tokenizer lacks decode to nothing)."""
+    noise, but its timing is the model's (the tokenizer's few trained ids are all a prompt
+    uses; the model samples any of its own, and those past the trained ones decode to filler
+    words, see `fill_vocabulary`)."""
     from safetensors.torch import save_file
 
     ids = train_tokenizer(out, min(tokenizer_vocab, shape.vocab_size))
+    fill_vocabulary(out / "tokenizer.json", shape.vocab_size)
     (out / "config.json").write_text(json.dumps(
         hf_config(shape, ids["<s>"], ids["</s>"]), indent=2) + "\n")
     weights = ModelWeights.random(shape, seed=seed, device=device)

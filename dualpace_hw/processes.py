@@ -58,6 +58,14 @@ def forget(path: str | None) -> None:
             os.unlink(path)
 
 
+def cores_off(engine_cores: Collection[int] | None) -> set[int] | None:
+    """This thread's cores less the CPU engine's (None where that leaves none, or where the
+    engine was given no cores: then there is nothing to keep off)."""
+    if not engine_cores or not hasattr(os, "sched_getaffinity"):
+        return None
+    return (os.sched_getaffinity(0) - set(engine_cores)) or None
+
+
 @contextlib.contextmanager
 def on_cores(cores: Collection[int] | None):
     """This process on `cores` with as many OpenMP threads for the duration of the block (None:

@@ -15,7 +15,6 @@ through fresh schedulers and must reproduce every plan.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -55,7 +54,7 @@ from .gpu_executor import GpuExecutor
 from .gpu_ranks import LeadExecutor
 from .kv import PagedKVPool
 from .model import Model, ModelWeights
-from .processes import on_cores
+from .processes import cores_off, on_cores
 from .sampling import Sampler, SamplingParams
 from .tokens import TokenStore
 
@@ -379,9 +378,7 @@ class Engines:
         """The cores this process keeps: off the CPU engine's and off the other GPU ranks'."""
         if isinstance(self.gpu, LeadExecutor):
             return set(self.gpu.host_cores) if self.gpu.host_cores else None
-        if cpu_engine and hasattr(os, "sched_getaffinity"):
-            return (os.sched_getaffinity(0) - cpu_engine) or None
-        return None
+        return cores_off(cpu_engine)
 
     def close_gpu(self) -> None:
         if isinstance(self.gpu, LeadExecutor):

@@ -5,6 +5,7 @@ metrics, plots and `dualpace-sim validate` read both."""
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import threading
 from dataclasses import asdict
@@ -18,11 +19,11 @@ from dualpace_sim.costs.calibrate import ASSISTS_FILE, write_assist_calls
 from dualpace_sim.costs.neo_tables import NeoTables
 from dualpace_sim.costs.shapes import ModelShape
 from dualpace_sim.metrics import summarize
-from dualpace_sim.node_series import NodeSeries, record_series_counters, write_series
+from dualpace_sim.node_series import NodeSeries, read_series, record_series_counters, write_series
 from dualpace_sim.outputs import write_json
 from dualpace_sim.plots import plot_timeline
 from dualpace_sim.provenance import parquet_metadata, provenance, scenario_hash
-from dualpace_sim.records import records_frame, write_records
+from dualpace_sim.records import read_records, records_frame, write_records
 from dualpace_sim.runner import stamp
 from dualpace_sim.scenario import LoadedScenario
 from dualpace_sim.trace_events import TraceRecorder, write_trace
@@ -32,6 +33,7 @@ from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .cpu_worker import CpuEngineProcess
 from .model import ModelWeights
 from .neo_runtime import NeoRuntime
+from .processes import cores_off, on_cores
 from .runtime import DualPaceRuntime, EngineFailure, GpuEngine, VllmRuntime
 from .tp import shard_shape
 
@@ -139,6 +141,32 @@ def write_results(out: Path, frames: dict[str, pd.DataFrame], summaries: list[di
     write_json(out / "summary.json", summaries)
 
 
+def earlier_policies(out: Path, digest: str, policies: list[str]
+                     ) -> tuple[dict[str, pd.DataFrame], list[dict], dict[str, NodeSeries]]:
+    """The records, summaries and series `out` already holds of this scenario's other
+    policies, to keep beside this run's: `run --policy` runs one policy at a time into one
+    folder (a box's time limit splits them), and writing only the last would lose the others.
+    Another scenario's run there (or an edited scenario's) is refused rather than mixed in."""
+    path = out / "summary.json"
+    if not path.is_file():
+        return {}, [], {}
+    try:
+        earlier = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path}: not readable ({e}); give a new --out") from None
+    kept = [s for s in earlier if isinstance(s, dict) and s.get("policy") not in policies]
+    if not kept:
+        return {}, [], {}  # this run replaces all it holds
+    names = [s["policy"] for s in kept]
+    if any(s.get("scenario_hash") != digest for s in kept):
+        raise ValueError(f"--out {out}: holds {', '.join(names)} of another scenario (or of "
+                         "this one before an edit); give a new --out")
+    records = read_records(out / "requests.parquet")
+    frames = {p: records[records["policy"] == p].reset_index(drop=True) for p in names}
+    series = {p: s for p, s in read_series(out).items() if p in names}
+    return frames, kept, series
+
+
 def check_split(shape: ModelShape, device: str, cpu_tp: int, gpu_tp: int) -> None:
     """Refuse a tensor-parallel split the model or the box cannot take, before anything
     starts, naming the flag."""
@@ -170,7 +198,8 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
     engine failure still writes what it did (every request's tokens so far, its journal) with
     `"partial": true` and `stopped_by` in its summary, and the stop is raised again. The
     policies share the process: one run second finds the kernels the first compiled, so the
-    order can matter to a comparison."""
+    order can matter to a comparison. What `out` holds of the scenario's other policies is kept
+    (`earlier_policies`), so policies run one call at a time land in one folder."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("no CUDA device: run on a GPU box, or pass --device cpu (tests)")
     check_split(loaded.profile.model, device, cpu_tp, gpu_tp)
@@ -182,11 +211,10 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
     out.mkdir(parents=True, exist_ok=True)
     loaded.profile.save(out / RUN_PROFILE)  # what `dualpace-sim validate` compares it with
     record, digest = provenance(loaded), scenario_hash(loaded.path)
-    frames: dict[str, pd.DataFrame] = {}
-    series: dict[str, NodeSeries] = {}
-    summaries = []
+    policies = policies or loaded.spec.policies
+    frames, summaries, series = earlier_policies(out, digest, policies)
     traces: list[TraceRecorder] = []
-    for policy in policies or loaded.spec.policies:
+    for policy in policies:
         runtime = build_runtime(loaded, policy, device, cpu_cores, cpu_tp=cpu_tp, gpu_tp=gpu_tp,
                                 checkpoint=checkpoint)
         if policy == "dualpace":
@@ -303,15 +331,18 @@ def serve_real(loaded: LoadedScenario, checkpoint_path: Path, out: Path, policy:
                             checkpoint=checkpoint, specs=[])
     svc = EngineService(runtime, checkpoint.tokenizer, checkpoint.eos_ids,
                         min(config.gpu_kv_blocks, 256), max_context)
-    svc.start()
     name = model_name or checkpoint.path.name
     engine = f" (CPU engine process {runtime.cpu_engine.pid})" if policy == "dualpace" else ""
-    print(f"serving {name} with {policy}{engine} on http://{host}:{port}/v1", flush=True)
-    try:
-        run_server(svc, create_app(svc, name, max_context, checkpoint.shape.vocab_size,
-                                        default_max_tokens), host, port)
-    finally:
-        requests = svc.close()
+    # The HTTP loop and the token pump keep off the CPU engine's cores, as the GPU engine's
+    # thread does: a thread on one of them stalls the engine's OpenMP team at every step.
+    with on_cores(cores_off(range(cpu_cores) if cpu_cores else None)):
+        svc.start()
+        print(f"serving {name} with {policy}{engine} on http://{host}:{port}/v1", flush=True)
+        try:
+            run_server(svc, create_app(svc, name, max_context, checkpoint.shape.vocab_size,
+                                            default_max_tokens), host, port)
+        finally:
+            requests = svc.close()
     if svc.failure is not None:
         raise svc.failure
     if not requests:

@@ -206,3 +206,25 @@ def test_a_random_checkpoint_loads_as_the_shape_it_was_written_for(tmp_path):
     again = CliRunner().invoke(app, ["random-checkpoint", "--model", "tiny-llama", "--out",
                                      str(tmp_path / "tiny-llama")])
     assert again.exit_code == 2 and "not empty" in again.output
+
+
+def test_a_filled_vocabulary_decodes_every_id_and_encodes_as_before(tmp_path):
+    """`random-checkpoint`'s tokenizer: ids past the trained ones decode to filler words, so
+    every token a random model samples streams text, and text still encodes with the
+    trained merges only."""
+    from tokenizers import Tokenizer
+
+    from dualpace_hw.checkpoint import fill_vocabulary, train_tokenizer
+
+    train_tokenizer(tmp_path, 512)  # the default: all 256 bytes and some merges
+    trained = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    n = trained.get_vocab_size()
+    fill_vocabulary(tmp_path / "tokenizer.json", 2000)
+    filled = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert 256 < n <= 512 and filled.get_vocab_size() == 2000
+    text = "the gpu engine prefills while the cpu engine decodes, zzzz qqqq"
+    assert filled.encode(text).ids == trained.encode(text).ids
+    words = [filled.decode([i]) for i in range(n, 2000)]
+    assert all(w.startswith(" ") and len(w) == 5 for w in words) and len(set(words)) == 2000 - n
+    fill_vocabulary(tmp_path / "tokenizer.json", 1000)  # never shrinks
+    assert Tokenizer.from_file(str(tmp_path / "tokenizer.json")).get_vocab_size() == 2000

@@ -219,6 +219,29 @@ def test_run_takes_the_policies_asked_for_in_the_order_given(tmp_path):
         result.output
 
 
+def test_policies_run_one_call_at_a_time_land_in_one_folder(tmp_path):
+    """`run --policy vllm` then `run --policy dualpace` into one --out keeps both, as one run
+    of both writes them; a run of another scenario there is refused, not mixed in."""
+    path = scenario(tmp_path, ["dualpace", "vllm"])
+    out = tmp_path / "real"
+    for policy in ("vllm", "dualpace"):
+        result = CliRunner().invoke(app, ["run", str(path), "--out", str(out), "--device", "cpu",
+                                          "--policy", policy])
+        assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["policy"] for s in summary] == ["vllm", "dualpace"]
+    records = read_records(out / "requests.parquet")
+    assert records.groupby("policy").size().to_dict() == {"dualpace": 10, "vllm": 10}
+    assert set(read_series(out)) == {"dualpace", "vllm"}
+    path.write_text(path.read_text().replace("seed: 2", "seed: 3"))
+    result = CliRunner().invoke(app, ["run", str(path), "--out", str(out), "--device", "cpu",
+                                      "--policy", "vllm"])
+    assert result.exit_code == 2
+    assert f"--out {out}: holds dualpace of another scenario" in result.output
+    assert [s["policy"] for s in json.loads((out / "summary.json").read_text())] == \
+        ["vllm", "dualpace"]
+
+
 def check_real_trace(path, summary) -> None:
     """The runtime's timeline: the simulator's tracks, sequential slices per track, inside
     the run, and one slice per CPU round and per Dense Assist the engines counted."""

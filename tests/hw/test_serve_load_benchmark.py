@@ -32,8 +32,29 @@ def test_a_guidellm_sweep_drives_the_server_and_the_served_run_validates(tmp_pat
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     figures = json.loads((out / "load.json").read_text())
     assert [c["rate"] for c in figures["client"]] == [2.0, 4.0]
-    assert all(c["successful"] == 3 and c["errored"] == 0 for c in figures["client"])
+    assert all(c["successful"] == c["timed_first_token"] == 3 and c["errored"] == 0
+               for c in figures["client"])
     assert figures["engine"]["completed"] == figures["engine"]["submitted"] == 6
     assert figures["client_over_engine_mean_ttft"] > 1.0  # HTTP and the pump add, never take
     assert "reproduced exactly" in run.stdout
     assert (out / "guidellm.json").is_file() and (out / "validation" / "validation.csv").is_file()
+
+
+def test_the_load_tool_and_the_server_get_disjoint_cores():
+    """The client takes the machine's last cores, the CPU engine its first, and the server's
+    own threads keep at least one between them; a split that leaves none is refused."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("serve_load", ROOT / "benchmarks" /
+                                                  "serve_load.py")
+    serve_load = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(serve_load)
+    box = set(range(16))
+    server, client = serve_load.split_cores(box, 13, 1)
+    assert client == {15} and server == set(range(15))
+    server, client = serve_load.split_cores(box, 12, 2)
+    assert client == {14, 15} and server & client == set() and server - set(range(12))
+    assert serve_load.split_cores(box, None, 2) == serve_load.split_cores(box, 14, 0) == \
+        (None, None)
+    with pytest.raises(ValueError, match="--cpu-cores 14 --client-cores 2: leave no core"):
+        serve_load.split_cores(box, 14, 2)
