@@ -18,13 +18,18 @@ from dualpace_sim.core.journal import JOURNAL_FILE
 from dualpace_sim.costs.calibrate import ASSISTS_FILE, write_assist_calls
 from dualpace_sim.costs.neo_tables import NeoTables
 from dualpace_sim.costs.shapes import ModelShape
-from dualpace_sim.metrics import summarize
-from dualpace_sim.node_series import NodeSeries, read_series, record_series_counters, write_series
+from dualpace_sim.node_series import (
+    NodeSeries,
+    busy_shares,
+    read_series,
+    record_series_counters,
+    write_series,
+)
 from dualpace_sim.outputs import write_json
 from dualpace_sim.plots import plot_timeline
 from dualpace_sim.provenance import parquet_metadata, provenance, scenario_hash
 from dualpace_sim.records import read_records, records_frame, write_records
-from dualpace_sim.runner import stamp
+from dualpace_sim.runner import policy_summary, stamp
 from dualpace_sim.scenario import LoadedScenario
 from dualpace_sim.trace_events import TraceRecorder, write_trace
 from dualpace_sim.validate import RUN_PROFILE
@@ -121,12 +126,11 @@ def record_policy(out: Path, loaded: LoadedScenario, policy: str, runtime, reque
     series = runtime.series()
     if runtime.trace is not None:
         record_series_counters(runtime.trace, series)
-    return frame, {"scenario": loaded.spec.name, "policy": policy, "rate": rate,
-                   **summarize(frame), "real": True, **run,
-                   "capacities": {"gpu_kv_blocks": loaded.config.gpu_kv_blocks,
-                                  "host_kv_blocks": loaded.config.host_kv_blocks,
-                                  "block_size": loaded.config.block_size},
-                   "engine": asdict(runtime.stats)}, series
+    # The simulator's summary shape (`policy_summary`), with the real run's own counters; a
+    # served run's arrivals are the clients' (rate None).
+    summary = {**policy_summary(loaded, policy, frame), "rate": rate, **busy_shares(series),
+               "real": True, **run, "engine": asdict(runtime.stats)}
+    return frame, summary, series
 
 
 def write_results(out: Path, frames: dict[str, pd.DataFrame], summaries: list[dict],

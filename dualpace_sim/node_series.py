@@ -192,6 +192,18 @@ class NodeSeries:
         return cls(states.frame(), busy.utilisation(end_s))
 
 
+def busy_shares(series: NodeSeries) -> dict[str, float]:
+    """Each engine's busy share (0-1) over the run its utilisation series spans:
+    ``gpu_utilisation``, ``cpu_utilisation``, ``pcie_h2d_utilisation``,
+    ``pcie_d2h_utilisation``. A real run's summary has these from its series, where the
+    runtime counts no bytes to price against the link (NaN for an empty series)."""
+    u = series.utilisation
+    span = float(u["end_s"].iloc[-1] - u["start_s"].iloc[0]) if len(u) else 0.0
+    widths = u["end_s"] - u["start_s"]
+    return {f"{e}_utilisation": float((widths * u[e]).sum() / span) if span > 0 else np.nan
+            for e in ENGINES}
+
+
 def write_series(parts: dict[str, NodeSeries], out: Path,
                  metadata: dict[bytes, bytes] | None = None) -> None:
     """``state.parquet`` and ``utilisation.parquet`` in `out`: each policy's rows, in order,

@@ -105,6 +105,46 @@ ENGINE: list[Row] = [
     ("end_s", "s", "simulated time at the end of the run"),
 ]
 
+# A real run's summary (`dualpace-hw run` and `serve`): the keys above but `engine`'s, with the
+# utilisations from its utilisation.parquet (the runtime counts no PCIe bytes to price), and these.
+REAL_SUMMARY: list[Row] = [
+    ("real", "", "true: a run of the real runtime"),
+    ("device", "", "the GPU engine's device (cuda, or cpu in the tests)"),
+    ("cpu_tp", "ranks", "the CPU engine's tensor-parallel ranks"),
+    ("gpu_tp", "ranks", "the GPU engine's tensor-parallel ranks"),
+    ("partial", "", "`run`: true when the run was stopped before every request finished"),
+    ("stopped_by", "", "`run`, a stopped run only: SIGINT, SIGTERM or the engine failure"),
+    ("served", "", "`serve`: true (the arrivals were the clients'; rate is null)"),
+    ("finished", "", "`serve`: requests by how they ended (stop, length, abort)"),
+]
+
+REAL_ENGINE: list[Row] = [
+    ("gpu_rounds", "rounds", "GPU engine rounds (NEO: iterations)"),
+    ("cpu_rounds", "rounds", "CPU engine rounds (DualPace)"),
+    ("assist_calls", "calls", "Dense Assists the GPU engine served"),
+    ("assist_wait_s", "s", "their waits, CPU-Ready to GPU-Running (stage boundaries)"),
+    ("assist_service_s", "s", "their service, GPU-Running to GPU-Done"),
+    ("assist_gpu_s", "s", "of which their own GPU work (CUDA events; 0 on the CPU)"),
+    ("cpu_assist_s", "s", "the CPU engine's process waiting on its assists, end to end"),
+    ("cpu_busy_s", "s", "time the CPU engine was busy"),
+    ("gpu_busy_s", "s", "time the GPU engine was busy"),
+    ("wall_s", "s", "the run's length on the engines' clock"),
+    ("warm_up_s", "s", "warm-up before the clock started (graph captures, kernels)"),
+    ("graphs_warmed", "graphs", "decode CUDA graphs captured in the warm-up"),
+    ("graph_captures", "graphs", "decode CUDA graphs captured on first use, on the clock"),
+    ("routes", "", "CPU rounds per route (Full-CPU, Split-Final, Fused-Assist)"),
+    ("launch_s", "s", "NEO: the per-layer launch term its predictor decided with"),
+    ("pipelined_iterations", "iterations", "NEO: iterations of two sub-batches"),
+    ("swap_outs", "requests", "NEO: requests moved GPU to host"),
+    ("swap_ins", "requests", "NEO: requests moved host to GPU"),
+    ("prefills_to_cpu", "requests", "NEO: prompts computed on the GPU, their KV to the host"),
+    ("cpu_decode_tokens", "tokens", "NEO: tokens decoded with CPU attention"),
+    ("activations_to_host_bytes", "bytes", "NEO: CPU decodes' q, k, v, every layer"),
+    ("activations_to_gpu_bytes", "bytes", "NEO: their attention outputs back"),
+    ("swap_issue_s", "s", "NEO: time issuing swaps"),
+    ("copies_wait_s", "s", "NEO: after the forward, until CPU prefills' pages landed"),
+]
+
 PROVENANCE: list[Row] = [
     ("package", "", "the distribution's name, dualpace"),
     ("version", "", "its version"),

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import pandas as pd
+
 from .budgets import BUDGET_KEYS
 from .metrics import longest_cpu_stall, summarize
 from .node_series import record_series_counters, write_series
@@ -22,6 +24,7 @@ from .provenance import parquet_metadata, provenance, scenario_hash
 from .records import PolicyRecords, write_policy_records
 from .scenario import LoadedScenario, load_scenario
 from .sim import make_node
+from .token_spans import TokenSpans
 from .trace_events import TraceRecorder, write_trace
 
 
@@ -43,24 +46,31 @@ def simulate(
                          loaded.neo_launch_s, on_finish=bar.update, trace=trace)
         output = node.run()
     records = PolicyRecords.from_requests(output.requests, policy, output.series)
-    frame, tokens = records.requests, records.tokens
-    summary = {
+    summary = {**policy_summary(loaded, policy, records.requests, records.tokens),
+               **utilisation(output.stats, loaded), "engine": asdict(output.stats)}
+    return records, summary
+
+
+def policy_summary(loaded: LoadedScenario, policy: str, frame: pd.DataFrame,
+                   tokens: TokenSpans | None = None) -> dict:
+    """The summary keys a simulated and a real run of `policy` share, in that order: the
+    metrics of its records `frame` (the scenario's percentiles and SLOs), the controls,
+    pools and profile it ran with. The caller adds the utilisations and the engine's
+    counters, which a simulator and a runtime count differently."""
+    return {
         "scenario": loaded.spec.name,
         "policy": policy,
         "rate": loaded.spec.workload.rate,
         **summarize(frame, percentiles=loaded.spec.metrics.percentiles,
                     slos=loaded.spec.targets.model_dump(), tokens=tokens),
         "longest_cpu_stall_s": longest_cpu_stall(frame, tokens),
-        "controls": _controls(loaded, policy),
+        "controls": policy_controls(loaded, policy),
         "capacities": {"gpu_kv_blocks": loaded.config.gpu_kv_blocks,
                        "host_kv_blocks": loaded.config.host_kv_blocks,
                        "block_size": loaded.config.block_size},
         "profile": {"source": loaded.profile_source,
                     "method": loaded.profile.provenance.method},
-        **utilisation(output.stats, loaded),
-        "engine": asdict(output.stats),
     }
-    return records, summary
 
 
 UTILISATION_KEYS = ("gpu_utilisation", "cpu_utilisation", "pcie_h2d_utilisation",
@@ -80,7 +90,7 @@ def utilisation(stats, loaded: LoadedScenario) -> dict[str, float]:
         stats.d2h_bytes / (link.d2h_bytes_per_s * end)), strict=True))
 
 
-def _controls(loaded: LoadedScenario, policy: str) -> dict:
+def policy_controls(loaded: LoadedScenario, policy: str) -> dict:
     """The knobs this policy ran with and where each value came from."""
     if policy == "dualpace":
         return {k: {"value": c.value, "source": c.source} for k, c in loaded.controls.items()}

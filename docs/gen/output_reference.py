@@ -38,6 +38,12 @@ SECTIONS = [
     ("summary.json", "A list with one entry per policy, in the same shape for `run`, each "
      "sweep point (a list of one) and `validate`'s `sim/`.", ref.SUMMARY),
     ("summary.json: engine", "The engines' counters of one policy's run.", ref.ENGINE),
+    ("summary.json: a real run", "`dualpace-hw run` and `serve` write the keys above, in the "
+     "same order, with the utilisations from the run's `utilisation.parquet` (the runtime "
+     "counts busy time, not PCIe bytes), then these; `engine` holds the runtime's counters "
+     "(next table).", ref.REAL_SUMMARY),
+    ("summary.json: a real run's engine", "The real runtime's counters of one policy's run.",
+     ref.REAL_ENGINE),
     ("summary.json: provenance", "How the result was made; identical runs give identical "
      "values (no clock is read).", ref.PROVENANCE),
     ("sweep.json", "What a sweep ran; a rerun resumes only when the scenario hash and the "

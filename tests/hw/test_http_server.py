@@ -8,6 +8,7 @@ in tokens and every wait in time."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import re
 import signal
@@ -22,6 +23,7 @@ from dualpace_hw.checkpoint import load_checkpoint
 from dualpace_hw.sampling import SamplingParams
 
 from .checkpoints import make_checkpoint, reference_model, reference_tokens, tiny_scenario
+from .summaries import check_real_summary
 
 openai = pytest.importorskip("openai", reason="the server tests need the serve extra")
 httpx = pytest.importorskip("httpx")
@@ -244,6 +246,9 @@ def test_sigterm_mid_stream_ends_the_stream_and_leaves_nothing_behind(tmp_path, 
     for name in ("requests.parquet", "summary.json", "journal-dualpace.jsonl.gz", "served.yaml",
                  "arrivals.csv", "profile.yaml"):
         assert (s.out / name).is_file(), name
+    (summary,) = json.loads((s.out / "summary.json").read_text())
+    check_real_summary(summary)
+    assert summary["served"] and summary["rate"] is None and summary["finished"]["abort"] >= 1
     from dualpace_sim.validate import validate
 
     result = validate(s.out, s.out / "served.yaml")

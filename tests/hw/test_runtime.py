@@ -40,6 +40,7 @@ from dualpace_sim.validate import RUN_PROFILE
 
 from .reference import dense_logits
 from .scenarios import tiny_scenario
+from .summaries import check_real_summary
 
 
 def scenario(tmp_path, policies, **scheduler) -> object:
@@ -181,6 +182,8 @@ def test_run_command_writes_what_the_simulator_writes(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert [s["policy"] for s in summary] == ["dualpace", "vllm", "neo"]
     assert all(s["completed"] == s["submitted"] == 10 and s["real"] for s in summary)
+    for s in summary:  # the simulator's summary shape, every key described
+        check_real_summary(s)
     records = read_records(out / "requests.parquet")
     assert set(records["policy"]) == {"dualpace", "vllm", "neo"}
     assert (records["n_tokens"] == records["max_tokens"]).all()
