@@ -35,7 +35,7 @@ import torch
 from profile_args import add_profile_arguments, profile_from
 
 from dualpace_hw.cpu_worker import CpuEngineProcess
-from dualpace_hw.gpu_executor import GpuExecutor, _State
+from dualpace_hw.gpu_executor import ForwardState, GpuExecutor
 from dualpace_hw.kv import PagedKVPool
 from dualpace_hw.migrate import CopyGroup
 from dualpace_hw.model import Model, ModelWeights
@@ -90,7 +90,7 @@ def main() -> None:
 
     rows: dict[str, float] = {}
     vllm = GpuExecutor(model, pool, tokens, cuda_graphs=False)
-    batch, state, copies = vllm.prepare(plan), _State(), CopyGroup()
+    batch, state, copies = vllm.prepare(plan), ForwardState(), CopyGroup()
     vllm._pre_layer(batch, state)
     rows["layer, back to back (the profile's)"] = median_s(
         lambda: [vllm._layer(0, batch, state, copies) for _ in range(n)], dev, args.rounds) / n

@@ -99,7 +99,10 @@ class _Flat:
     n_ext: int = 0
 
 
-class _State:
+class ForwardState:
+    """What a forward's stages hand each other: the hidden states, then the logits and the
+    sampled tokens (the profiler's stage timings drive the stages with one too)."""
+
     hidden: torch.Tensor
     logits: torch.Tensor
     tokens: torch.Tensor
@@ -109,7 +112,7 @@ class Forward:
     """One plan's stage tasks; iterate and call them in order, then read `result()`."""
 
     def __init__(self, stages: list[Callable[[], None]], finish: Callable[[], dict[int, int]],
-                 state: _State, copies: CopyGroup, n_sampled: int) -> None:
+                 state: ForwardState, copies: CopyGroup, n_sampled: int) -> None:
         self.stages = stages
         self.n_sampled = n_sampled
         self._finish = finish
@@ -381,7 +384,7 @@ class GpuExecutor:
             fw = self._graph_forward(f)
         else:
             batch = self._tensors(f)
-            state = _State()
+            state = ForwardState()
             copies = CopyGroup()
             fns = self._stage_fns(batch, state, copies)
 
@@ -526,7 +529,7 @@ class GpuExecutor:
         """Whether the last layer of the last forward's Prefill-to-CPU copies landed."""
         return self.copies.done()
 
-    def _stage_fns(self, b: Batch, st: _State, copies: CopyGroup) -> list[Callable[[], None]]:
+    def _stage_fns(self, b: Batch, st: ForwardState, copies: CopyGroup) -> list[Callable[[], None]]:
         fns: list[Callable[[], None]] = [lambda: self._pre_layer(b, st)]
         for layer in range(self.model.n_layers):
             fns.append(lambda layer=layer: self._layer(layer, b, st, copies))
@@ -537,7 +540,7 @@ class GpuExecutor:
 
     def embed(self, b: Batch) -> torch.Tensor:
         """The pre-layer of a prepared batch: its hidden states [T, hidden]."""
-        st = _State()
+        st = ForwardState()
         self._pre_layer(b, st)
         return st.hidden
 
@@ -561,18 +564,18 @@ class GpuExecutor:
         """The post-layer of sampled rows' hidden states: their greedy token ids."""
         return greedy(self.model.post_layer(hidden))
 
-    def _pre_layer(self, b: Batch, st: _State) -> None:
+    def _pre_layer(self, b: Batch, st: ForwardState) -> None:
         st.hidden = self.model.pre_layer(b.ids)
         if self.fused:
             freqs = b.positions.float()[:, None] * self.model.rope.inv_freq[None, :]
             b.cos, b.sin = freqs.cos(), freqs.sin()
 
-    def _post_layer(self, b: Batch, st: _State) -> None:
+    def _post_layer(self, b: Batch, st: ForwardState) -> None:
         h = st.hidden if b.sample_rows is None else st.hidden.index_select(0, b.sample_rows)
         st.logits = self.model.post_layer(h)
         st.tokens = greedy(st.logits)
 
-    def _layer(self, layer: int, b: Batch, st: _State, copies: CopyGroup) -> None:
+    def _layer(self, layer: int, b: Batch, st: ForwardState, copies: CopyGroup) -> None:
         h = st.hidden
         q, k, v = self._pre_attn(layer, h, b)
         o = self._attention(layer, q, k, v, b, copies)
@@ -798,7 +801,7 @@ class _DecodeGraph:
         self.lens = torch.zeros(rows, dtype=torch.int32, device=dev)
         self.batch = Batch(self.ids, self.positions, self.slots, rows, self.tables, self.lens,
                            [], None, [])
-        self.state = _State()
+        self.state = ForwardState()
         fns = ex._stage_fns(self.batch, self.state, CopyGroup())
         side = torch.cuda.Stream(device=dev)
         side.wait_stream(torch.cuda.current_stream(dev))

@@ -20,7 +20,7 @@ from dualpace_sim.costs.shapes import ModelShape
 from .. import hostinfo
 from ..attention import paged_decode_attention as torch_decode
 from ..attention import prefill_attention
-from ..gpu_executor import _State
+from ..gpu_executor import ForwardState
 from ..kv import PagedKVPool
 from ..model import Dense, Model, ModelWeights, greedy
 from .grids import Grids
@@ -184,7 +184,7 @@ class Measurer:
             plan.prefills.append(PrefillChunk(r, 0, 1, False, True))
         ex = GpuExecutor(self.gpu, self.gpu_pool, tokens, cuda_graphs=False)
         batch = ex.prepare(plan)
-        state = _State()
+        state = ForwardState()
         ex._pre_layer(batch, state)
         return ex, batch, state
 
@@ -352,7 +352,7 @@ class Measurer:
         if not chunk:
             plan.prefills.clear()
         ex = GpuExecutor(self.gpu, self.gpu_pool, tokens, cuda_graphs=False)
-        batch, state, copies = ex.prepare(plan), _State(), CopyGroup()
+        batch, state, copies = ex.prepare(plan), ForwardState(), CopyGroup()
         ex._pre_layer(batch, state)
         return self.gpu_t(lambda: ex._layer(0, batch, state, copies))
 

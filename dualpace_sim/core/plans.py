@@ -37,10 +37,6 @@ class GpuPlan:
     decode_context: int = 0  # Σ KV tokens the decodes attend to (after appending)
     wait_for_copies: bool = False  # step 1: the previous Prefill-to-CPU copy group is in flight
 
-    @classmethod
-    def make_empty(cls) -> GpuPlan:
-        return cls()
-
     @property
     def has_forward(self) -> bool:
         return bool(self.decodes or self.prefills)

@@ -13,13 +13,19 @@ class Route(str, Enum):
     FUSED_ASSIST = "Fused-Assist"  # every post-attention stage on the GPU; last one fused
 
 
+def legal_thresholds(p: int, f: int) -> bool:
+    """Legal settings are (0, 0) or 0 <= F < P: the one copy of the rule (the profile's
+    controls and the fit read it here)."""
+    return (p == 0 and f == 0) or 0 <= f < p
+
+
 def check_thresholds(p: int, f: int) -> None:
-    """Legal settings are (0, 0) or 0 <= F < P."""
-    if not ((p == 0 and f == 0) or 0 <= f < p):
+    if not legal_thresholds(p, f):
         raise ValueError(f"illegal routing thresholds (P={p}, F={f}): need (0, 0) or 0 <= F < P")
 
 
 def route_for(batch: int, p: int, f: int) -> Route:
+    """π_{P,F}(b), paper Eq. 5: up to F rows Full-CPU, up to P Split-Final, above Fused-Assist."""
     if batch <= f:
         return Route.FULL_CPU
     if batch <= p:

@@ -29,10 +29,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from dualpace_sim.core.routing import Route, route_for
 from dualpace_sim.costs.model import CostModel
 from dualpace_sim.costs.profile import Controls, ControlsFit, Profile
 
-FULL, SPLIT, FUSED = "Full-CPU", "Split-Final", "Fused-Assist"
+FULL, SPLIT, FUSED = Route.FULL_CPU.value, Route.SPLIT_FINAL.value, Route.FUSED_ASSIST.value
 ROUTES = (FULL, SPLIT, FUSED)
 
 DEFAULT_PREFILL_BATCHES = tuple(2**i for i in range(7))  # 1..64
@@ -58,19 +59,6 @@ class RoutingCosts(Protocol):
     def assist_gpu(self, kind: Any, b: int) -> float: ...
     def assist_q(self, kind: Any) -> float: ...
     def assist_o(self, kind: Any) -> float: ...
-
-
-def route_for(b: int, p: int, f: int) -> str:
-    """π_{P,F}(b) (paper Eq. 5); the same rule as ``dualpace_sim.core.routing.route_for``."""
-    if b <= f:
-        return FULL
-    if b <= p:
-        return SPLIT
-    return FUSED
-
-
-def legal_thresholds(p: int, f: int) -> bool:
-    return (p == 0 and f == 0) or 0 <= f < p
 
 
 # --- routing scores (Eq. 6-8, 11-15) ---------------------------------------------------------

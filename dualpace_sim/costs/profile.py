@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from dualpace_sim.core.routing import legal_thresholds
 from dualpace_sim.costs.shapes import ModelShape
 from dualpace_sim.inputs import InputFileError, load_yaml, read_text
 
@@ -351,7 +352,7 @@ class Controls(StrictModel):
     @model_validator(mode="after")
     def _legal_thresholds(self) -> Controls:
         p, f = self.route_p, self.route_f
-        if p is not None and f is not None and not (p == f == 0 or f < p):
+        if p is not None and f is not None and not legal_thresholds(p, f):
             raise ValueError(f"(route_p, route_f) = ({p}, {f}) must be (0, 0) or F < P")
         return self
 

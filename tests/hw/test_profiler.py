@@ -569,3 +569,30 @@ def test_the_quick_protocol_keeps_the_fastest_repeat_and_the_full_one_the_mean()
 
     assert timed(Protocol.quick()) < 0.005
     assert timed(Protocol(warmups=1, invocations=1, repeats=2, max_repeat_s=1e-9)) > 0.02
+
+
+def test_a_stalled_smallest_shape_is_measured_again_and_a_real_rise_kept():
+    """A table whose first point came out over REVERSED_RATIO times its last (a busy host
+    stalled it) gets that point measured again, its fastest kept; a table that grows is left
+    alone, and the last point is never lowered."""
+    from dualpace_hw.profiler.run import remeasure_stalled_first
+
+    calls = []
+
+    def measure(x, y=None):
+        calls.append((x, y))
+        return 1e-4 * x
+
+    stalled = {"x": [1, 4, 8], "y": [8e-3, 4e-4, 8e-4]}
+    remeasure_stalled_first(stalled, measure)
+    assert stalled["y"] == [1e-4, 4e-4, 8e-4] and calls == [(1, None)]
+    grid = {"x": [1, 8], "y": [16, 64], "z": [[9e-3, 1e-3], [1e-3, 8e-4]]}
+    remeasure_stalled_first(grid, measure)
+    assert grid["z"][0][0] == 1e-4 and grid["z"][-1][-1] == 8e-4
+    calls.clear()
+    rising = {"x": [1, 8], "y": [2e-4, 8e-4]}
+    remeasure_stalled_first(rising, measure)
+    assert rising["y"] == [2e-4, 8e-4] and not calls
+    always_slow = {"x": [1, 8], "y": [8e-3, 1e-4]}
+    remeasure_stalled_first(always_slow, lambda x: 5e-3, tries=2)
+    assert always_slow["y"][0] == 5e-3  # still reversed after the tries: the check says so
