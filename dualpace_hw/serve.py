@@ -165,7 +165,11 @@ def earlier_policies(out: Path, digest: str, policies: list[str]
     if any(s.get("scenario_hash") != digest for s in kept):
         raise ValueError(f"--out {out}: holds {', '.join(names)} of another scenario (or of "
                          "this one before an edit); give a new --out")
-    records = read_records(out / "requests.parquet")
+    try:
+        records = read_records(out / "requests.parquet")
+    except OSError as e:  # pyarrow's: a missing or truncated file
+        raise ValueError(f"{out / 'requests.parquet'}: {', '.join(names)} have a summary but "
+                         f"no readable records ({e}); give a new --out") from None
     frames = {p: records[records["policy"] == p].reset_index(drop=True) for p in names}
     series = {p: s for p, s in read_series(out).items() if p in names}
     return frames, kept, series

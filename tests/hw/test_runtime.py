@@ -243,6 +243,12 @@ def test_policies_run_one_call_at_a_time_land_in_one_folder(tmp_path):
     assert f"--out {out}: holds dualpace of another scenario" in result.output
     assert [s["policy"] for s in json.loads((out / "summary.json").read_text())] == \
         ["vllm", "dualpace"]
+    path.write_text(path.read_text().replace("seed: 3", "seed: 2"))
+    (out / "requests.parquet").unlink()
+    result = CliRunner().invoke(app, ["run", str(path), "--out", str(out), "--device", "cpu",
+                                      "--policy", "vllm"])
+    assert result.exit_code == 2
+    assert "requests.parquet: dualpace have a summary but no readable records" in result.output
 
 
 def check_real_trace(path, summary) -> None:
