@@ -22,6 +22,7 @@ import yaml
 from dualpace_sim.records import read_records
 
 from .conftest import RTX4090_LLAMA
+from .signals import default_sigint
 
 MAIN = "from dualpace_sim.cli import main; main()"
 SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGKILL]
@@ -38,7 +39,8 @@ def _scenario(tmp: Path, **fields) -> Path:
 
 def _start(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", MAIN, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=default_sigint)
 
 
 def _wait_for(predicate, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:

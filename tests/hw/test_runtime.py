@@ -38,6 +38,7 @@ from dualpace_sim.replay import replay, replay_run, replay_states
 from dualpace_sim.scenario import load_scenario
 from dualpace_sim.validate import RUN_PROFILE
 
+from ..signals import default_sigint
 from .reference import dense_logits
 from .scenarios import tiny_scenario
 from .summaries import check_real_summary
@@ -410,7 +411,7 @@ def test_ctrl_c_stops_both_engines_and_the_cpu_process(tmp_path):
     cmd = [sys.executable, "-c", "from dualpace_hw.cli import main; main()", "run",
            str(slow_scenario(tmp_path)), "--out", str(tmp_path / "out"), "--device", "cpu"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=default_sigint)
     line = proc.stdout.readline()
     match = re.search(r"CPU engine process (\d+)", line)
     assert match, line + proc.stderr.read()
