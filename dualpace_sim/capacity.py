@@ -19,7 +19,7 @@ import pandas as pd
 from .runner import simulate
 from .scenario import ScenarioError, load_scenario
 from .sim import SimulationStalled
-from .sweep import TARGET_METRICS
+from .sweep_dir import TARGET_METRICS
 
 COLUMNS = ("policy", "rate", "bound", "upper", "limited_by", "evaluations")
 

@@ -267,8 +267,8 @@ def plot(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print nothing on success")] = False,
 ) -> None:
     """Draw figures (PNG and PDF) of a sweep directory, a run directory, or compare sweeps."""
-    from .plots import is_run_dir, plot_compare_dirs, plot_run_dir, plot_sweep_dir
-    from .sweep import is_sweep_dir
+    from .plot_dirs import is_run_dir, plot_compare_dirs, plot_run_dir, plot_sweep_dir
+    from .sweep_dir import is_sweep_dir
 
     for d in dirs:
         if not (is_sweep_dir(d) or (not compare and is_run_dir(d))):

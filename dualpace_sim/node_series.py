@@ -41,6 +41,8 @@ STATE_COLUMNS = ("waiting", "prefilling", "gpu_decoding", "cpu_waiting", "cpu_de
                  "hbm_kv_blocks", "host_kv_blocks", "host_kv_growth_blocks",
                  "host_kv_migration_blocks")
 ENGINES = ("gpu", "cpu", "pcie_h2d", "pcie_d2h")
+# A summary's busy shares of those engines over the run (`busy_shares`, `runner.utilisation`).
+UTILISATION_KEYS = tuple(f"{e}_utilisation" for e in ENGINES)
 UTILISATION_BINS = 500  # time bins of a run's utilisation series
 STATE_FILE, UTILISATION_FILE = "state.parquet", "utilisation.parquet"
 FINE_BINS = 1 << 16  # busy-time bins an engine keeps (0.5 MiB), however long the run
@@ -200,8 +202,8 @@ def busy_shares(series: NodeSeries) -> dict[str, float]:
     u = series.utilisation
     span = float(u["end_s"].iloc[-1] - u["start_s"].iloc[0]) if len(u) else 0.0
     widths = u["end_s"] - u["start_s"]
-    return {f"{e}_utilisation": float((widths * u[e]).sum() / span) if span > 0 else np.nan
-            for e in ENGINES}
+    return {key: float((widths * u[e]).sum() / span) if span > 0 else np.nan
+            for key, e in zip(UTILISATION_KEYS, ENGINES, strict=True)}
 
 
 def write_series(parts: dict[str, NodeSeries], out: Path,

@@ -16,7 +16,7 @@ import pandas as pd
 
 from .budgets import BUDGET_KEYS
 from .metrics import longest_cpu_stall, summarize
-from .node_series import record_series_counters, write_series
+from .node_series import UTILISATION_KEYS, record_series_counters, write_series
 from .outputs import write_json
 from .plots import plot_timeline
 from .progress import progress_bar
@@ -71,10 +71,6 @@ def policy_summary(loaded: LoadedScenario, policy: str, frame: pd.DataFrame,
         "profile": {"source": loaded.profile_source,
                     "method": loaded.profile.provenance.method},
     }
-
-
-UTILISATION_KEYS = ("gpu_utilisation", "cpu_utilisation", "pcie_h2d_utilisation",
-                    "pcie_d2h_utilisation")
 
 
 def utilisation(stats, loaded: LoadedScenario) -> dict[str, float]:

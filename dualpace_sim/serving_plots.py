@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from .metrics import itl_values, latency_values
-from .node_series import NodeSeries, held_at
+from .node_series import UTILISATION_KEYS, NodeSeries, held_at
 from .plots import (
     RATE_LABEL,
     draw_band,
@@ -26,7 +26,6 @@ from .plots import (
     say_empty,
     setting_colors,
 )
-from .runner import UTILISATION_KEYS
 from .token_spans import TokenSpans
 
 UTILISATION_TITLES = {"gpu_utilisation": "GPU", "cpu_utilisation": "CPU engine",

@@ -29,14 +29,8 @@ from .costs import CostExtrapolationWarning, Profile
 from .metrics import sustainable_rate
 from .runner import simulate
 from .scenario import ScenarioError, SweepSpec, Targets, load_scenario
-from .sweep import (
-    ABOVE_SWEEP,
-    BELOW_SWEEP,
-    SWEEP_COLUMNS,
-    TARGET_METRICS,
-    format_rate,
-    metric_columns,
-)
+from .sweep import ABOVE_SWEEP, BELOW_SWEEP, format_rate, metric_columns
+from .sweep_dir import SWEEP_COLUMNS, TARGET_METRICS
 
 # Engine counters worth a column: where the time went and what crossed PCIe.
 ENGINE_COLUMNS = (

@@ -39,13 +39,10 @@ import pandas as pd  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from dualpace_sim.cli import app  # noqa: E402
-from dualpace_sim.plots import (  # noqa: E402
-    default_timeline_rate,
-    match_rate,
-    plot_sensitivity,
-)
+from dualpace_sim.plot_dirs import match_rate  # noqa: E402
+from dualpace_sim.plots import default_timeline_rate, plot_sensitivity  # noqa: E402
 from dualpace_sim.records import write_records  # noqa: E402
-from dualpace_sim.sweep import SWEEP_COLUMNS, point_dir  # noqa: E402
+from dualpace_sim.sweep_dir import SWEEP_COLUMNS, point_dir  # noqa: E402
 
 RATES = [1.0, 2.0, 3.0, 4.0]
 TARGETS = {"normalized_latency_s": 1.0, "p99_ttft_s": 5.0, "p99_itl_s": 1.5, "p99_tpot_s": 1.0}

@@ -12,7 +12,7 @@ from dualpace_sim import provenance as prov
 from dualpace_sim.cli import app
 from dualpace_sim.records import read_metadata
 from dualpace_sim.scenario import load_scenario
-from dualpace_sim.sweep import point_name
+from dualpace_sim.sweep_dir import point_name
 
 runner = CliRunner()
 

@@ -20,7 +20,8 @@ from dualpace_sim.study import (
     run_policies,
     sustainable,
 )
-from dualpace_sim.sweep import SWEEP_COLUMNS, run_sweep
+from dualpace_sim.sweep import run_sweep
+from dualpace_sim.sweep_dir import SWEEP_COLUMNS
 
 from .conftest import RTX4090_LLAMA
 

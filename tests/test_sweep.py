@@ -15,7 +15,8 @@ import dualpace_sim.sweep as sweep_mod
 from dualpace_sim.cli import app
 from dualpace_sim.metrics import sustainable_rate
 from dualpace_sim.records import read_records
-from dualpace_sim.sweep import point_name, run_sweep
+from dualpace_sim.sweep import run_sweep
+from dualpace_sim.sweep_dir import point_name
 
 from .conftest import RTX4090_LLAMA
 

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from dualpace_sim.cli import app
 from dualpace_sim.executors import RayCluster
-from dualpace_sim.sweep import point_name, run_sweep
+from dualpace_sim.sweep import run_sweep
+from dualpace_sim.sweep_dir import point_name
 
 runner = CliRunner()
 
