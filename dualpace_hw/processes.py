@@ -58,6 +58,11 @@ def forget(path: str | None) -> None:
             os.unlink(path)
 
 
+def engine_cores(cpu_cores: int | None) -> list[int] | None:
+    """The cores `--cpu-cores N` gives the CPU engine: the machine's first N (None: no set)."""
+    return list(range(cpu_cores)) if cpu_cores else None
+
+
 def cores_off(engine_cores: Collection[int] | None) -> set[int] | None:
     """This thread's cores less the CPU engine's (None where that leaves none, or where the
     engine was given no cores: then there is nothing to keep off)."""

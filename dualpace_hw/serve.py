@@ -38,7 +38,7 @@ from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .cpu_worker import CpuEngineProcess
 from .model import ModelWeights
 from .neo_runtime import NeoRuntime
-from .processes import cores_off, on_cores
+from .processes import cores_off, engine_cores, on_cores
 from .runtime import DualPaceRuntime, EngineFailure, GpuEngine, VllmRuntime
 from .tp import shard_shape
 
@@ -88,7 +88,7 @@ def build_runtime(loaded: LoadedScenario, policy: str, device: str, cpu_cores: i
     gpu = GpuEngine(shape, weights, config.gpu_kv_blocks, config.block_size, dtype, gpu_tp)
     if policy == "vllm":
         return VllmRuntime(specs, config, gpu)
-    cores = list(range(cpu_cores)) if cpu_cores else None
+    cores = engine_cores(cpu_cores)
     if policy == "neo":
         return NeoRuntime(specs, config, NeoTables(loaded.cost, loaded.neo_launch_s), gpu,
                           cores)
@@ -343,7 +343,7 @@ def serve_real(loaded: LoadedScenario, checkpoint_path: Path, out: Path, policy:
     engine = f" (CPU engine process {runtime.cpu_engine.pid})" if policy == "dualpace" else ""
     # The HTTP loop and the token pump keep off the CPU engine's cores, as the GPU engine's
     # thread does: a thread on one of them stalls the engine's OpenMP team at every step.
-    with on_cores(cores_off(range(cpu_cores) if cpu_cores else None)):
+    with on_cores(cores_off(engine_cores(cpu_cores))):
         svc.start()
         print(f"serving {name} with {policy}{engine} on http://{host}:{port}/v1", flush=True)
         try:
