@@ -1,15 +1,18 @@
 """Seeded sampling (temperature, top-k, top-p) as a perturbation of the logits.
 
 Every executor samples with `greedy` (argmax) over the post-layer's logits, in the GPU engine,
-in the CPU engine's process and in Dense Assist. Sampling is the Gumbel-max trick: the argmax
-of `filtered(logits / T) + G`, with G standard Gumbel noise, is a draw from the filtered
-softmax. So a sampled row only needs its logits perturbed before the argmax, wherever that
-argmax runs, and greedy rows are left as they are.
+in the CPU engine's process and in Dense Assist. So a sampled row only needs its logits
+perturbed before the argmax, wherever that argmax runs, and greedy rows are left as they are:
+`perturb` draws the row's token from its filtered softmax by inverse CDF and leaves the row
+-inf everywhere but there.
 
-The noise of a token depends only on the request's seed and the token's position, never on
+The draw's one uniform is a hash of the request's seed and the token's position, never of
 which engine, batch or route produced it: a seeded request gives the same tokens on the GPU
 engine, on the CPU engine under any Dense Assist route, and against a reference that applies
-`perturb` to another implementation's logits.
+`perturb` to another implementation's logits. The draw runs where the logits are, for all of
+a batch's sampled rows at once. (Gumbel-max noise made row by row on the host, 128k float64
+draws a row, cost milliseconds a row and tripled the decode rounds of a served run, where
+every request samples.)
 """
 
 from __future__ import annotations
@@ -54,37 +57,62 @@ class SamplingParams:
 Row = tuple[SamplingParams, int] | None
 
 
-def gumbel(seed: int, position: int, n: int, device: torch.device) -> torch.Tensor:
-    """Standard Gumbel noise [n] for (seed, position), the same on every device."""
-    g = torch.Generator().manual_seed((seed * 1_000_003 + position) % (1 << 63))
-    u = torch.rand(n, generator=g, dtype=torch.float64).clamp_(1e-12, 1 - 1e-12)
-    return (-torch.log(-torch.log(u))).float().to(device)
+_MASK64 = (1 << 64) - 1
 
 
-def filtered(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """One row's logits / T with the tokens outside top-k and the top-p nucleus at -inf."""
-    x = logits.float() / p.temperature
-    if 0 < p.top_k < x.numel():
-        kth = torch.topk(x, p.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if p.top_p < 1.0:
-        order = torch.argsort(x, descending=True)
-        probs = torch.softmax(x[order], dim=-1)
-        outside = torch.cumsum(probs, dim=-1) - probs >= p.top_p  # the top token stays
-        x = x.clone()
-        x[order[outside]] = float("-inf")
-    return x
+def mix64(x: int) -> int:
+    """splitmix64's finaliser: a bijection of 64-bit integers whose outputs look random."""
+    x &= _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def uniform(seed: int, position: int) -> float:
+    """The draw's uniform in (0, 1) for the token at `position` of the request seeded `seed`:
+    52 hashed bits as (2k + 1) / 2^53, exact in float64, so never 0 or 1."""
+    return (2 * (mix64(mix64(seed) + position) >> 12) + 1) / float(1 << 53)
+
+
+def filtered(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """[rows, V] logits / T, row i with params[i], the tokens outside its top-k and top-p
+    nucleus at -inf (ties with the k-th logit stay in; the top token always stays)."""
+    x = logits.to(torch.float32, copy=True)
+    x.div_(torch.tensor([p.temperature for p in params], device=x.device)[:, None])
+    k = [p.top_k if 0 < p.top_k < x.shape[1] else 0 for p in params]
+    top_p = [p.top_p for p in params]
+    if not any(k) and all(t == 1.0 for t in top_p):
+        return x
+    ordered, order = torch.sort(x, dim=-1, descending=True, stable=True)  # ties: by index
+    rows = torch.arange(len(params), device=x.device)
+    kth = ordered[rows, torch.tensor([max(v, 1) - 1 for v in k], device=x.device)]
+    kth = torch.where(torch.tensor(k, device=x.device) > 0, kth, float("-inf"))
+    ordered = ordered.masked_fill(ordered < kth[:, None], float("-inf"))
+    probs = torch.softmax(ordered, dim=-1)
+    outside = torch.cumsum(probs, dim=-1) - probs >= torch.tensor(top_p, device=x.device
+                                                                  )[:, None]
+    ordered = ordered.masked_fill(outside, float("-inf"))
+    return torch.empty_like(x).scatter_(1, order, ordered)
 
 
 def perturb(logits: torch.Tensor, rows: list[Row]) -> torch.Tensor:
-    """[R, V] logits whose row-wise argmax is each row's sample (greedy rows unchanged)."""
-    if not any(rows):
+    """[R, V] logits whose row-wise argmax is each row's sample (greedy rows unchanged).
+
+    A sampled row's token is the first whose cumulative filtered probability reaches its
+    uniform (times the row's total, which rounding keeps from being exactly 1); filtered-out
+    tokens add nothing to the sum, so they are never drawn."""
+    picked = [i for i, row in enumerate(rows) if row is not None]
+    if not picked:
         return logits
-    out = logits.float().clone()
-    for i, row in enumerate(rows):
-        if row is not None:
-            p, position = row
-            out[i] = filtered(logits[i], p) + gumbel(p.seed, position, out.shape[1], out.device)
+    index = torch.tensor(picked, device=logits.device)
+    params = [rows[i][0] for i in picked]
+    cdf = torch.softmax(filtered(logits[index], params), dim=-1).cumsum(-1, dtype=torch.float64)
+    u = torch.tensor([uniform(rows[i][0].seed, rows[i][1]) for i in picked],
+                     dtype=torch.float64, device=logits.device)
+    tokens = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp_(max=cdf.shape[1] - 1)
+    out = logits.clone()
+    out[index] = float("-inf")
+    out[index[:, None], tokens] = 0.0
     return out
 
 
