@@ -265,7 +265,9 @@ def served_scenario(scenario: Path, out: Path, requests, policy: str) -> Path:
     """`scenario` with the workload a server saw: every request's arrival, prompt length and
     tokens generated (a Vidur-format trace beside it, replayed at its own timestamps), so
     `dualpace-sim validate OUT/served.yaml --real OUT` compares the served run with the
-    simulator fed the same arrivals. Paths the scenario names are made absolute."""
+    simulator fed the same arrivals. Its profile is the one the run used (OUT/profile.yaml,
+    named relatively, so the folder validates wherever it is moved); without that file, paths
+    the scenario names are made absolute."""
     import yaml
 
     from dualpace_sim.workload.traces import VIDUR_ARRIVAL, VIDUR_OUTPUT, VIDUR_PROMPT
@@ -282,11 +284,15 @@ def served_scenario(scenario: Path, out: Path, requests, policy: str) -> Path:
     def absolute(value: str) -> str:
         return str(base / value) if (base / value).exists() else value
 
-    if isinstance(spec.get("profile"), str):
-        spec["profile"] = absolute(spec["profile"])
-    for key in ("hardware", "model"):
-        if isinstance(spec.get("roofline", {}).get(key), str):
-            spec["roofline"][key] = absolute(spec["roofline"][key])
+    if (out / RUN_PROFILE).is_file():  # the profile the run used, so the folder moves whole
+        spec.pop("roofline", None)
+        spec["profile"] = RUN_PROFILE
+    else:
+        if isinstance(spec.get("profile"), str):
+            spec["profile"] = absolute(spec["profile"])
+        for key in ("hardware", "model"):
+            if isinstance(spec.get("roofline", {}).get(key), str):
+                spec["roofline"][key] = absolute(spec["roofline"][key])
     spec["policies"] = [policy]
     spec["workload"] = {"source": "vidur", "path": SERVED_ARRIVALS, "arrival": "trace",
                         "num_requests": len(rows)}

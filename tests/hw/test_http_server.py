@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import shutil
 import re
 import signal
 import socket
@@ -18,6 +19,7 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from dualpace_hw.checkpoint import load_checkpoint
 from dualpace_hw.sampling import SamplingParams
@@ -251,6 +253,9 @@ def test_sigterm_mid_stream_ends_the_stream_and_leaves_nothing_behind(tmp_path, 
     assert summary["served"] and summary["rate"] is None and summary["finished"]["abort"] >= 1
     from dualpace_sim.validate import validate
 
-    result = validate(s.out, s.out / "served.yaml")
+    moved = tmp_path / "moved"  # a served folder validates wherever it is copied to
+    shutil.copytree(s.out, moved)
+    assert yaml.safe_load((moved / "served.yaml").read_text())["profile"] == "profile.yaml"
+    result = validate(moved, moved / "served.yaml")
     assert set(result.table["policy"]) == {"dualpace"}
     assert result.replays and result.replays[0].calls > 0
