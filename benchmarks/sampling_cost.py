@@ -4,10 +4,11 @@ A served request samples (the OpenAI API's default temperature is 1), so every r
 decode round is perturbed before its argmax (`dualpace_hw.sampling.perturb`). In session 13's
 served run on the H200 box, sampling made row by row on the host tripled the GPU engine's
 decode rounds (18.9 ms against a 5.5 ms model). This times `perturb` over B rows of the model's
-vocabulary on --device, every row sampled (temperature 1, and top-p 0.9 with top-k 50), and
-prints it beside the profile's decode round of B requests at --context tokens each: the GPU
-engine's round on cuda, the CPU engine's step (Full-CPU, all local) on cpu. Judged by the
-ratio, sampling time over the round's: at most 0.05.
+vocabulary on --device, every row sampled (temperature 1; top-p 0.9 with and without top-k 50,
+over logits of a trained model's spread and over flat ones), and prints it beside the
+profile's decode round of B requests at --context tokens each: the GPU engine's round on cuda,
+the CPU engine's step (Full-CPU, all local) on cpu. Judged by the ratio, sampling time over
+the round's: at most 0.05.
 
     python benchmarks/sampling_cost.py --profile calibration/h200-spr16/llama-3.1-8b.yaml
     python benchmarks/sampling_cost.py --profile calibration/h200-spr16/llama-3.1-8b.yaml \\
@@ -30,14 +31,19 @@ from dualpace_hw.sampling import SamplingParams, perturb
 from dualpace_sim.costs import CostModel
 
 TARGET = 0.05
-KINDS = {"temperature 1": SamplingParams(1.0, seed=1),
-         "top-p 0.9, top-k 50": SamplingParams(0.8, 0.9, 50, seed=2)}
+# (sampling, logits): random logits of a spread like a trained model's (std 4), whose 0.9
+# nucleus lies within `sampling.CANDIDATES` tokens, or flat ones (std 0.01), whose nucleus is
+# most of the vocabulary, so that top-p sorts whole rows. Temperature alone costs the same on both.
+KINDS = {"temperature 1": (SamplingParams(1.0, seed=1), 4.0),
+         "top-p 0.9, top-k 50": (SamplingParams(0.8, 0.9, 50, seed=2), 4.0),
+         "top-p 0.9": (SamplingParams(0.8, 0.9, seed=3), 4.0),
+         "top-p 0.9, flat": (SamplingParams(0.8, 0.9, seed=4), 0.01)}
 
 
-def perturb_s(b: int, vocab: int, params: SamplingParams, device: torch.device,
+def perturb_s(b: int, vocab: int, params: SamplingParams, spread: float, device: torch.device,
               rounds: int) -> float:
     """Median time of `perturb` over b sampled rows of bf16 logits, the device idle after."""
-    logits = torch.randn(b, vocab, device=device).to(torch.bfloat16)
+    logits = (torch.randn(b, vocab, device=device) * spread).to(torch.bfloat16)
     times = []
     for i in range(rounds + 2):
         rows = [(params, 100 + i * b + r) for r in range(b)]
@@ -76,8 +82,8 @@ def main() -> None:
     print(f"{'batch':>5}  {'sampling':<20} {'sampling ms':>11} {'round ms':>9} {'ratio':>6}")
     for b in args.batches:
         whole = round_s(cost, device, b, args.context)
-        for kind, params in KINDS.items():
-            took = perturb_s(b, vocab, params, device, args.rounds)
+        for kind, (params, spread) in KINDS.items():
+            took = perturb_s(b, vocab, params, spread, device, args.rounds)
             figures[f"{b} {kind}"] = {"sampling_s": took, "round_s": whole,
                                       "ratio": took / whole}
             print(f"{b:>5}  {kind:<20} {took * 1e3:>11.3f} {whole * 1e3:>9.2f} "

@@ -74,25 +74,60 @@ def uniform(seed: int, position: int) -> float:
     return (2 * (mix64(mix64(seed) + position) >> 12) + 1) / float(1 << 53)
 
 
+# Tokens a top-k / top-p row sorts first: its highest logits, found by a partial sort. A nucleus
+# that ends inside them needs no sort of the whole vocabulary (128k tokens for Llama 3).
+CANDIDATES = 1024
+
+
 def filtered(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """[rows, V] logits / T, row i with params[i], the tokens outside its top-k and top-p
-    nucleus at -inf (ties with the k-th logit stay in; the top token always stays)."""
+    nucleus at -inf. Ranks are by logit, ties by token id; ties with the k-th logit stay in,
+    and the top token always stays.
+
+    Rows are filtered over their CANDIDATES highest logits, where that is exact: where what
+    they keep lies above the lowest candidate's logit (so no tie with it is left out), with
+    the probabilities normalised over the whole row. The other rows sort the whole row."""
     x = logits.to(torch.float32, copy=True)
     x.div_(torch.tensor([p.temperature for p in params], device=x.device)[:, None])
     k = [p.top_k if 0 < p.top_k < x.shape[1] else 0 for p in params]
-    top_p = [p.top_p for p in params]
-    if not any(k) and all(t == 1.0 for t in top_p):
+    top_p = [p.top_p if p.top_p < 1.0 else float("inf") for p in params]  # inf: no nucleus
+    if not any(k) and all(t == float("inf") for t in top_p):
         return x
-    ordered, order = torch.sort(x, dim=-1, descending=True, stable=True)  # ties: by index
-    rows = torch.arange(len(params), device=x.device)
+    n = max(CANDIDATES, *k)
+    if n >= x.shape[1]:
+        return _filtered_sorted(x, k, top_p)
+    values, ids = torch.topk(x, n, dim=-1)
+    ids, by_id = torch.sort(ids, dim=-1)
+    values, order = torch.sort(values.gather(1, by_id), dim=-1, descending=True, stable=True)
+    ids = ids.gather(1, order)  # the candidates as the whole row's stable sort ranks them
+    kept, kept_values = _keep(values, x, k, top_p)
+    out = torch.full_like(x, float("-inf")).scatter_(1, ids, kept_values)
+    exact = (~kept | (values > values[:, -1:])).all(dim=-1)
+    redo = (~exact).nonzero().flatten().tolist()
+    if redo:
+        out[redo] = _filtered_sorted(x[redo], [k[i] for i in redo], [top_p[i] for i in redo])
+    return out
+
+
+def _keep(ordered: torch.Tensor, x: torch.Tensor, k: list[int], top_p: list[float]
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which of each row's leading `ordered` logits (descending, ties by id) its top-k and
+    top-p keep, and those logits with the rest at -inf; probabilities are over all of x."""
+    rows = torch.arange(len(k), device=x.device)
     kth = ordered[rows, torch.tensor([max(v, 1) - 1 for v in k], device=x.device)]
-    kth = torch.where(torch.tensor(k, device=x.device) > 0, kth, float("-inf"))
-    ordered = ordered.masked_fill(ordered < kth[:, None], float("-inf"))
-    probs = torch.softmax(ordered, dim=-1)
-    outside = torch.cumsum(probs, dim=-1) - probs >= torch.tensor(top_p, device=x.device
-                                                                  )[:, None]
-    ordered = ordered.masked_fill(outside, float("-inf"))
-    return torch.empty_like(x).scatter_(1, order, ordered)
+    kth = torch.where(torch.tensor(k, device=x.device) > 0, kth, float("-inf"))[:, None]
+    top = ordered[:, :1]
+    total = torch.exp(x - top).masked_fill_(x < kth, 0.0).sum(dim=-1, keepdim=True)
+    probs = torch.exp(ordered - top).masked_fill_(ordered < kth, 0.0) / total
+    kept = (ordered >= kth) & (torch.cumsum(probs, dim=-1) - probs
+                                < torch.tensor(top_p, device=x.device)[:, None])
+    return kept, ordered.masked_fill(~kept, float("-inf"))
+
+
+def _filtered_sorted(x: torch.Tensor, k: list[int], top_p: list[float]) -> torch.Tensor:
+    """`filtered` by sorting whole rows (x already / T)."""
+    ordered, order = torch.sort(x, dim=-1, descending=True, stable=True)  # ties: by index
+    return torch.empty_like(x).scatter_(1, order, _keep(ordered, x, k, top_p)[1])
 
 
 def perturb(logits: torch.Tensor, rows: list[Row]) -> torch.Tensor:

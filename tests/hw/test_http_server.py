@@ -10,8 +10,8 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import shutil
 import re
+import shutil
 import signal
 import socket
 import subprocess

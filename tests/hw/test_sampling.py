@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from dualpace_hw.sampling import SamplingParams, filtered, mix64, perturb, sample, uniform
+from dualpace_hw.sampling import (
+    CANDIDATES,
+    SamplingParams,
+    filtered,
+    mix64,
+    perturb,
+    sample,
+    uniform,
+)
 
 LOGITS = torch.tensor([[0.0, 1.0, 2.0, -1.0, 0.5, -3.0, 1.0, 0.25]])
 DRAWS = 6000
@@ -86,3 +94,32 @@ def test_a_batch_samples_as_its_rows_do_alone_and_leaves_greedy_rows(params, see
         else:
             assert torch.equal(filtered(logits[i:i + 1], [p])[0],
                                reference_filtered(logits[i], p))
+
+
+def kept_near_boundary(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Tokens whose place in the nucleus float rounding may decide: the mass before them
+    within 1e-5 of top_p."""
+    x = reference_filtered(logits, SamplingParams(p.temperature, 1.0, p.top_k, p.seed))
+    order = torch.argsort(x, descending=True, stable=True)
+    probs = torch.softmax(x[order], dim=-1)
+    near = torch.zeros_like(x, dtype=torch.bool)
+    near[order] = ((torch.cumsum(probs, dim=-1) - probs) - p.top_p).abs() < 1e-5
+    return near
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(["peaked", "flat", "ties"]), rows_params.filter(lambda p: p is not None),
+       st.integers(0, 1 << 20))
+def test_a_row_filtered_over_its_candidates_is_filtered_as_by_a_whole_sort(shape, p, seed):
+    # 4x the candidates: peaked rows end inside them; flat ones, and ties at the lowest
+    # candidate's logit, need the whole row
+    g = torch.Generator().manual_seed(seed)
+    n = 4 * CANDIDATES
+    logits = {"peaked": torch.randn(n, generator=g) * 4,
+              "flat": torch.randn(n, generator=g) * 0.01,
+              "ties": torch.randint(0, 3, (n,), generator=g).float()}[shape]
+    got = filtered(logits[None], [p])[0]
+    want = reference_filtered(logits, p)
+    sure = ~kept_near_boundary(logits, p)
+    assert torch.equal(got.isinf()[sure], want.isinf()[sure])
+    assert torch.equal(got[sure & ~want.isinf()], want[sure & ~want.isinf()])
