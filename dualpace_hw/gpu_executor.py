@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from dualpace_sim.core.plans import GpuPlan, PrefillChunk
+from dualpace_sim.core.plans import BlockMoves, GpuPlan, PrefillChunk
 from dualpace_sim.core.request import Request
 
 from . import attention as ref_attn
@@ -221,7 +221,6 @@ class GpuExecutor:
         self.graph_captures = 0  # decode graphs captured on first use (in a round, not warm-up)
         self.copies: CopyGroup = CopyGroup()  # the last forward's Prefill-to-CPU copies
         self._req_copies: dict[int, CopyGroup] = {}  # per request, its latest chunk's copies
-        self._noted_swap_outs: dict[int, list[int]] = {}
         self._swapped_out: set[int] = set()
         self.swap_handle: CopyHandle | None = None
         self._pinned: dict[str, torch.Tensor] = {}
@@ -325,34 +324,20 @@ class GpuExecutor:
 
     # ================================================================ migrations
 
-    def note_swap_outs(self, plan: GpuPlan) -> None:
-        """Call before the core's commit: remember the HBM blocks of the plan's swap-outs (the
-        commit replaces them with the host blocks they go to)."""
-        for r in plan.swap_outs:
-            self._noted_swap_outs[r.req_id] = list(r.blocks)
+    def round_of(self, plan: GpuPlan, moves: BlockMoves | None = None) -> Round:
+        """A committed plan as plain data, its swaps the block moves the core's commit
+        returned (a plan with swaps needs them)."""
+        if plan.has_migrations and moves is None:
+            raise ValueError("a round with swaps needs the block moves the core's commit "
+                             "returned")
+        moves = moves or BlockMoves()
+        return Round(self._flatten(plan) if plan.has_forward else None, moves.swap_out,
+                     moves.swap_in)
 
-    def round_of(self, plan: GpuPlan) -> Round:
-        """A committed plan as plain data (after the core's commit; swap-outs noted before)."""
-        out_g: list[int] = []
-        out_h: list[int] = []
-        for r in plan.swap_outs:
-            if r.req_id not in self._noted_swap_outs:
-                raise ValueError(f"swap-out of request {r.req_id}: call note_swap_outs(plan) "
-                                 "before the core's commit")
-            out_g.extend(self._noted_swap_outs.pop(r.req_id))
-            out_h.extend(r.blocks)
-        in_h: list[int] = []
-        in_g: list[int] = []
-        for r in plan.swap_ins:
-            in_h.extend(r.source_blocks)
-            in_g.extend(r.blocks[: len(r.source_blocks)])
-        return Round(self._flatten(plan) if plan.has_forward else None, (out_g, out_h),
-                     (in_h, in_g))
-
-    def migrate(self, plan: GpuPlan) -> CopyHandle | None:
-        """Issue the plan's swap-outs then swap-ins on the copy stream (after the core's commit).
-        Returns one handle for all of them (None when there are none)."""
-        return self.migrate_round(self.round_of(plan))
+    def migrate(self, moves: BlockMoves) -> CopyHandle | None:
+        """Issue a committed round's swap-outs then swap-ins on the copy stream. Returns one
+        handle for all of them (None when there are none)."""
+        return self.migrate_round(Round(None, moves.swap_out, moves.swap_in))
 
     def migrate_round(self, rnd: Round) -> CopyHandle | None:
         if not rnd.has_migrations:
@@ -371,10 +356,10 @@ class GpuExecutor:
 
     # ==================================================================== stages
 
-    def stages(self, plan: GpuPlan) -> Forward:
-        """The plan's stage tasks [pre-layer, layer 0 .. N-1, post-layer] (with its migrations
-        issued first)."""
-        return self.forward(self.round_of(plan))
+    def stages(self, plan: GpuPlan, moves: BlockMoves | None = None) -> Forward:
+        """The plan's stage tasks [pre-layer, layer 0 .. N-1, post-layer] (with its migrations,
+        the commit's `moves`, issued first)."""
+        return self.forward(self.round_of(plan, moves))
 
     def forward(self, rnd: Round) -> Forward:
         """A round's stage tasks, its migrations issued first."""

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dualpace_sim.core.plans import GpuPlan
+from dualpace_sim.core.plans import BlockMoves, GpuPlan
 from dualpace_sim.costs.shapes import ModelShape
 
 from .command_ring import CommandRing, RingReader, RingRefs
@@ -398,8 +398,8 @@ class LeadExecutor(GpuExecutor):
 
         return super().forward(rnd).wrapped(released, peers.end)
 
-    def migrate(self, plan: GpuPlan) -> CopyHandle | None:
-        rnd = self.round_of(plan)
+    def migrate(self, moves: BlockMoves) -> CopyHandle | None:
+        rnd = Round(None, moves.swap_out, moves.swap_in)
         if not rnd.has_migrations:
             return None
         self.peers.send_round(rnd, False)

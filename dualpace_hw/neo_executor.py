@@ -41,7 +41,7 @@ from dualpace_sim.core.plans import GpuPlan, PrefillChunk
 from dualpace_sim.core.request import Request
 
 from .cpu_attention import cpu_paged_decode_attention, load_extension, pin_threads
-from .gpu_executor import Batch, GpuExecutor, Round
+from .gpu_executor import Batch, GpuExecutor
 from .kv import PagedKVPool, slot_mapping
 from .migrate import CopyGroup, CopyHandle
 
@@ -206,13 +206,12 @@ class NeoExecutor:
     def close(self) -> None:
         self.cpu.close()
 
-    def iterate(self, plan: NeoPlan, swap_out: tuple[list[int], list[int]],
-                swap_in: tuple[list[int], list[int]]) -> tuple[dict[int, int], IterationTimes]:
-        """One committed iteration: `swap_out` (GPU blocks, host blocks) and `swap_in` (host
-        blocks, GPU blocks) pairwise, then the forward of its one or two sub-batches."""
+    def iterate(self, plan: NeoPlan) -> tuple[dict[int, int], IterationTimes]:
+        """One committed iteration: its swaps (the block moves its commit made), then the
+        forward of its one or two sub-batches."""
         times = IterationTimes()
         t0 = time.perf_counter()
-        handle = self.gpu.migrate_round(Round(None, swap_out, swap_in))
+        handle = self.gpu.migrate(plan.moves)
         if handle is not None and self.gpu.cuda:
             handle.block()  # the compute stream waits for the swaps (NEO: before layer 0)
         t1 = time.perf_counter()

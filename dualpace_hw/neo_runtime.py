@@ -94,8 +94,6 @@ class NeoRuntime(Engines):
         sched = self.sched
         while not self.stop.is_set():
             with self.work:
-                # the block lists the commit replaces: swaps copy from their old ids
-                held = {r.req_id: r.blocks for q in (sched.gpu_q, sched.cpu_q) for r in q}
                 now = self.now()
                 self.note_call(now)
                 plan = sched.schedule(now)
@@ -103,10 +101,8 @@ class NeoRuntime(Engines):
                 if plan.is_empty:  # (the scenario's check refused what could stall here)
                     self.work.wait(0.01)
                     continue
-            swap_out = _pairs(plan.swap_outs, held)
-            swap_in = _pairs(plan.swap_ins, held)
             start, t0 = time.perf_counter(), self.now()
-            tokens, times = self.neo.iterate(plan, swap_out, swap_in)
+            tokens, times = self.neo.iterate(plan)
             self.stats.gpu_busy_s += time.perf_counter() - start
             self._count(plan, times)
             self._trace(plan, times, t0, self.now())
@@ -147,15 +143,3 @@ class NeoRuntime(Engines):
             self.slice(CPU_ENGINE, "CPU attention", start_s + times.swap_s, forward_end,
                        decodes=cpu, requests=[r.req_id for b in batches for r in b.cpu_decodes])
         trace_swaps(self, plan, start_s, end_s)
-
-
-def _pairs(moved: list, held: dict[int, list[int]]) -> tuple[list[int], list[int]]:
-    """(source blocks, destination blocks) of swapped requests, pairwise: each request's old
-    block list (its source tier's ids) against the first as many of its new ones."""
-    src: list[int] = []
-    dst: list[int] = []
-    for r in moved:
-        old = held[r.req_id]
-        src.extend(old)
-        dst.extend(r.blocks[: len(old)])
-    return src, dst

@@ -492,9 +492,7 @@ class DualPaceRuntime(Engines):
                 plan = sched.schedule()
                 committed = not (plan.wait_for_copies or plan.is_empty)
                 self.record("gpu", "schedule", plan=describe_gpu(plan), committed=committed)
-                if committed:
-                    ex.note_swap_outs(plan)
-                    sched.commit(plan)
+                moves = sched.commit(plan) if committed else None
             if plan.wait_for_copies:
                 waited_from = self.now()
                 while not ex.copies_done():
@@ -513,7 +511,7 @@ class DualPaceRuntime(Engines):
             start, t0 = time.perf_counter(), self.now()
             tokens: dict[int, int] = {}
             if plan.has_forward:
-                fw = ex.stages(plan)
+                fw = ex.stages(plan, moves)
                 pace = _StagePace(ex.device) if self.stage_mode else None
                 for stage in fw:
                     stage()
@@ -528,7 +526,7 @@ class DualPaceRuntime(Engines):
                     pace.drain(lambda: self.channel.serve(ex))
                 tokens = fw.result()
             elif plan.has_migrations:
-                ex.migrate(plan)
+                ex.migrate(moves)
             if ex.swap_handle is not None and plan.has_migrations:
                 ex.swap_handle.wait()
             self.stats.gpu_busy_s += time.perf_counter() - start

@@ -13,7 +13,7 @@ from itertools import chain
 
 from .blocks import retire_finished
 from .envelope import envelope_fits, extend_reserve, migration_reserve, tail_reserve
-from .plans import GpuPlan, GpuResult, PrefillChunk
+from .plans import BlockMoves, GpuPlan, GpuResult, PrefillChunk
 from .request import Owner, Request, blocks_for, emit_batch
 from .state import EngineState, host_growth
 
@@ -118,7 +118,7 @@ class GpuScheduler:
             if waiting_was_empty:
                 self._place_marks(plan, budget)
 
-        st.b_migration_next = budget.migration
+        plan.migration_reserve = budget.migration
         swapped_in = plan.decodes[len(decodes):]
         plan.decode_context = context + sum(r.kv_tokens_after_step for r in swapped_in)
         return plan
@@ -175,7 +175,7 @@ class GpuScheduler:
             gone = {id(v) for v in victims}
             queue = [r for r in self.state.gpu_running if id(r) not in gone]
             queue += [r for r in self.state.gpu_prefilling if not r.to_cpu]
-            self.state.b_migration_next = migration_reserve(
+            plan.migration_reserve = migration_reserve(
                 (r.peak_blocks for r in queue), self.state.config.gpu_kv_blocks
             )
         return plan
@@ -307,11 +307,14 @@ class GpuScheduler:
 
     # ------------------------------------------------------------------- commit (step 7)
 
-    def commit(self, plan: GpuPlan) -> None:
-        """Materialize the decision; migrations first, as they complete before the forward."""
+    def commit(self, plan: GpuPlan) -> BlockMoves:
+        """Materialize the decision; migrations first, as they complete before the forward.
+        Returns the block moves the backend makes for the plan's swaps."""
         st, bs = self.state, self.state.config.block_size
         if plan.wait_for_copies:
-            return
+            return BlockMoves()
+        out_src: list[int] = []
+        out_dst: list[int] = []
         if plan.swap_outs:
             gone = {id(v) for v in plan.swap_outs}
             st.gpu_running = [r for r in st.gpu_running if id(r) not in gone]
@@ -320,19 +323,25 @@ class GpuScheduler:
                 st.gpu_queue_peak -= v.peak_blocks
                 st.gpu_context -= v.kv_tokens_after_step
                 st.hbm.release(v.blocks)
+                out_src[:0] = v.blocks
                 v.blocks = st.host.allocate(len(v.blocks))
+                out_dst[:0] = v.blocks
                 v.ready, v.transit_to = False, Owner.CPU
                 st.cpu_waiting.appendleft(v)
                 st.waiting_growth += host_growth(v)
             for r in st.marked:  # an evicting round gives up its deferred swap-ins
                 r.marked = False
             st.marked = []
+        in_src: list[int] = []
+        in_dst: list[int] = []
         for r in plan.swap_ins:  # their blocks cover the next step: none of them is growing
             head = st.cpu_waiting.popleft()
             assert head is r, "swap-ins must be a FIFO prefix of the CPU waiting queue"
             st.waiting_growth -= host_growth(r)
             r.source_blocks = r.blocks
             r.blocks = st.hbm.allocate(len(r.blocks) + r.next_blocks(bs))
+            in_src += r.source_blocks
+            in_dst += r.blocks[: len(r.source_blocks)]
             r.ready, r.transit_to = False, Owner.GPU
             if r.marked:
                 r.marked = False
@@ -353,7 +362,8 @@ class GpuScheduler:
         for r in plan.marks:
             r.marked = True
             st.marked.append(r)
-        st.b_migration = st.b_migration_next
+        st.b_migration = plan.migration_reserve
+        return BlockMoves((out_src, out_dst), (in_src, in_dst))
 
     def _commit_prefill(self, c: PrefillChunk) -> None:
         st, bs = self.state, self.state.config.block_size

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .blocks import BlockPool, retire_finished
+from .plans import BlockMoves
 from .request import Owner, Request, RoundLog, blocks_for, emit_batch
 
 
@@ -159,6 +160,7 @@ class NeoPlan:
     swap_ins: list[Request] = field(default_factory=list)
     swap_out_blocks: int = 0
     swap_in_blocks: int = 0
+    moves: BlockMoves = field(default_factory=BlockMoves)  # the swaps' block ids, once committed
 
     @property
     def pipelined(self) -> bool:
@@ -320,18 +322,21 @@ class NeoScheduler:
         """Move blocks for swaps, pop the surviving FCFS prefix of prefills, allocate KV."""
         bs = self.config.block_size
         self._check_host(plan)
-        for r in plan.swap_outs:
-            plan.swap_out_blocks += len(r.blocks)
-            self.hbm.release(r.blocks)
-            r.blocks = self.host.allocate(len(r.blocks))
-            r.owner = Owner.CPU
-            r.migrations.append((now, "swap_out"))
-        for r in plan.swap_ins:
-            plan.swap_in_blocks += len(r.blocks)
-            self.host.release(r.blocks)
-            r.blocks = self.hbm.allocate(len(r.blocks))
-            r.owner = Owner.GPU
-            r.migrations.append((now, "swap_in"))
+        moved: dict[str, tuple[list[int], list[int]]] = {"swap_out": ([], []),
+                                                          "swap_in": ([], [])}
+        for kind, reqs, src, dst, owner in (
+                ("swap_out", plan.swap_outs, self.hbm, self.host, Owner.CPU),
+                ("swap_in", plan.swap_ins, self.host, self.hbm, Owner.GPU)):
+            for r in reqs:
+                moved[kind][0].extend(r.blocks)
+                src.release(r.blocks)
+                r.blocks = dst.allocate(len(r.blocks))
+                moved[kind][1].extend(r.blocks)
+                r.owner = owner
+                r.migrations.append((now, kind))
+        plan.swap_out_blocks = len(moved["swap_out"][0])
+        plan.swap_in_blocks = len(moved["swap_in"][0])
+        plan.moves = BlockMoves(moved["swap_out"], moved["swap_in"])
         for b in plan.batches:
             for r in b.gpu_prefills:
                 self.waiting.popleft()

@@ -23,6 +23,20 @@ class PrefillChunk:
     last: bool  # completes the prompt, so the batch samples the request's first token
 
 
+@dataclass(frozen=True, slots=True)
+class BlockMoves:
+    """The KV copies a committed round makes before its forward: block ids paired in order,
+    (source, destination). The commit hands a swap-out host blocks in place of its HBM ones,
+    so these are what the backend copies between."""
+
+    swap_out: tuple[list[int], list[int]] = ([], [])  # (HBM blocks, host blocks)
+    swap_in: tuple[list[int], list[int]] = ([], [])  # (host blocks, HBM blocks)
+
+    @property
+    def any(self) -> bool:
+        return bool(self.swap_out[0] or self.swap_in[0])
+
+
 @dataclass(slots=True)
 class GpuPlan:
     """What one GPU round does: migrations first, then at most one GPU-main batch."""
@@ -36,6 +50,7 @@ class GpuPlan:
     marks: list[Request] = field(default_factory=list)  # deferred swap-in marks placed
     decode_context: int = 0  # Σ KV tokens the decodes attend to (after appending)
     wait_for_copies: bool = False  # step 1: the previous Prefill-to-CPU copy group is in flight
+    migration_reserve: int = 0  # B_migration this round publishes when committed (step 3)
 
     @property
     def has_forward(self) -> bool:

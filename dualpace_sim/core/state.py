@@ -36,7 +36,6 @@ class EngineState:
         self.cpu_running: list[Request] = []  # the active CPU batch
         self.marked: list[Request] = []  # CPU-owned requests marked for a future swap-in
         self.b_migration = 0  # B_migration, published by each GPU round
-        self.b_migration_next = 0  # the value the GPU round being committed will publish
         self.cpu_growth = 0  # B_growth = Σ over cpu_running of (b̂ - b)
         # The same over the host-bound requests that are not CPU-running (host_growth): CPU
         # waiting (ready, swapping out or copying in) and Prefill-to-CPU prompts still

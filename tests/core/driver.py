@@ -9,9 +9,11 @@ from __future__ import annotations
 import random
 
 from dualpace_sim.core import (
+    BlockMoves,
     CpuResult,
     CpuScheduler,
     EngineState,
+    GpuPlan,
     GpuResult,
     GpuScheduler,
     Request,
@@ -63,7 +65,8 @@ class Driver:
                 return
             if plan.is_empty:
                 return
-            self.gpu.commit(plan)
+            before = {id(r): list(r.blocks) for r in (*plan.swap_outs, *plan.swap_ins)}
+            check_moves(plan, self.gpu.commit(plan), before)
             self.gpu_plans.append(plan)
             self.gpu_plan, self.gpu_migrated = plan, False
         elif action == "gpu_migrated":
@@ -102,3 +105,12 @@ class Driver:
                 f"{len(st.cpu_running)}, hbm free {st.hbm.free}, host free {st.host.free}, "
                 f"B_migration {st.b_migration}, copies {len(st.copy_group)}, marked "
                 f"{len(st.marked)}")
+
+
+def check_moves(plan: GpuPlan, moves: BlockMoves, before: dict[int, list[int]]) -> None:
+    """The commit's block moves pair each swapped request's blocks before the commit with the
+    first as many of its blocks after it, swap-outs first, in the plan's order."""
+    for reqs, (src, dst) in ((plan.swap_outs, moves.swap_out), (plan.swap_ins, moves.swap_in)):
+        assert src == [b for r in reqs for b in before[id(r)]]
+        assert dst == [b for r in reqs for b in r.blocks[: len(before[id(r)])]]
+    assert moves.any == plan.has_migrations

@@ -18,7 +18,7 @@ from dualpace_hw.model import Model, ModelWeights, greedy
 from dualpace_hw.tokens import TokenStore
 from dualpace_hw.tp import shard_shape
 from dualpace_sim.core.blocks import BlockPool
-from dualpace_sim.core.plans import GpuPlan, PrefillChunk
+from dualpace_sim.core.plans import BlockMoves, GpuPlan, PrefillChunk
 from dualpace_sim.core.request import Owner, Request, RoundLog, blocks_for
 from dualpace_sim.costs.shapes import ModelShape
 
@@ -84,9 +84,10 @@ class Box:
             r.blocks.extend(self.hbm.allocate(r.next_blocks(BS)))
         return GpuPlan(decodes=list(decodes), prefills=list(chunks))
 
-    def run(self, plan: GpuPlan, staged: bool = False) -> dict[int, int]:
-        if staged:
-            fw = self.ex.stages(plan)
+    def run(self, plan: GpuPlan, staged: bool = False, moves: BlockMoves | None = None
+            ) -> dict[int, int]:
+        if staged or moves is not None:
+            fw = self.ex.stages(plan, moves)
             for stage in fw:
                 stage()
             out = fw.result()
@@ -101,14 +102,12 @@ class Box:
         return out
 
     def swap_out(self, r: Request) -> list[int]:
-        """Swap a decode out to the host as the runtime does: note its HBM blocks before the
-        core's commit hands it host blocks, then copy. Returns the HBM blocks it left."""
-        plan = GpuPlan(swap_outs=[r])
-        self.ex.note_swap_outs(plan)
+        """Swap a decode out to the host as the core's commit does (host blocks in place of
+        its HBM ones), then copy its moves. Returns the HBM blocks it left."""
         gpu_ids = list(r.blocks)
         r.blocks = self.host.allocate(len(gpu_ids))
         self.hbm.release(gpu_ids)
-        self.ex.migrate(plan).wait()
+        self.ex.migrate(BlockMoves((gpu_ids, list(r.blocks)))).wait()
         return gpu_ids
 
     def apply(self, plan: GpuPlan, out: dict[int, int]) -> None:
@@ -118,6 +117,12 @@ class Box:
         for req_id, tok in out.items():
             self.reqs[req_id].emit(self.t, Owner.GPU, self.rounds)
             self.tokens.append(req_id, tok)
+
+
+def swap_in_moves(r: Request) -> BlockMoves:
+    """The moves the core's commit returns for swapping `r` in (its host blocks to the first
+    of its new HBM ones)."""
+    return BlockMoves(swap_in=(r.source_blocks, r.blocks[: len(r.source_blocks)]))
 
 
 PROMPTS = {
@@ -272,7 +277,7 @@ def test_swapped_out_and_back_request_decodes_the_same_tokens(device):
     a.hbm.allocate(3)  # so the swap-in lands in other blocks
     ra.blocks = a.hbm.allocate(len(ra.source_blocks) + ra.next_blocks(BS))
     assert not set(ra.blocks) & set(gpu_ids)
-    out_a = a.run(in_plan)
+    out_a = a.run(in_plan, moves=swap_in_moves(ra))
     a.ex.swap_handle.wait()
     out_b = b.run(b.plan([b.reqs[1]]))
     assert out_a == out_b
@@ -440,8 +445,7 @@ def test_swapped_out_decoded_on_the_cpu_executor_and_back_gives_the_same_tokens(
     in_plan = GpuPlan(swap_ins=[r], decodes=[r])
     r.source_blocks = r.blocks
     r.blocks = moved.hbm.allocate(len(r.source_blocks) + r.next_blocks(BS))
-    moved.ex.note_swap_outs(GpuPlan())
-    moved.run(in_plan)
+    moved.run(in_plan, moves=swap_in_moves(r))
     moved.ex.swap_handle.wait()
     for _ in range(2):
         moved.run(moved.plan([r]))

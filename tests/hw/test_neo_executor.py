@@ -12,6 +12,7 @@ from dualpace_hw.model import greedy
 from dualpace_hw.neo_executor import CpuAttention, NeoExecutor
 from dualpace_hw.serve import build_runtime
 from dualpace_sim.core.neo import NeoPlan, SubBatch
+from dualpace_sim.core.plans import BlockMoves
 from dualpace_sim.core.request import Owner, blocks_for
 from dualpace_sim.scenario import load_scenario
 
@@ -45,8 +46,7 @@ def test_neo_iterations_sample_the_dense_forwards_tokens(device):
     r1.blocks = box.hbm.allocate(blocks_for(r1.prompt_tokens, BS))
     for r in (r2, r3):
         r.blocks = box.host.allocate(blocks_for(r.prompt_tokens, BS))
-    tokens, times = ex.iterate(NeoPlan([SubBatch(gpu_prefills=[r1], cpu_prefills=[r2, r3])]),
-                               ([], []), ([], []))
+    tokens, times = ex.iterate(NeoPlan([SubBatch(gpu_prefills=[r1], cpu_prefills=[r2, r3])]))
     assert times.sub_batches == [len(PROMPTS[1]) + len(PROMPTS[2]) + len(PROMPTS[3])]
     check_and_apply(box, tokens, 1.0)
     # pipelined: sub-batch 0 a GPU decode, a CPU decode, a GPU and a CPU prefill; 1 a CPU decode
@@ -55,7 +55,7 @@ def test_neo_iterations_sample_the_dense_forwards_tokens(device):
     r4.blocks = box.hbm.allocate(blocks_for(r4.prompt_tokens, BS))
     r5.blocks = box.host.allocate(blocks_for(r5.prompt_tokens, BS))
     b0 = SubBatch(gpu_prefills=[r4], cpu_prefills=[r5], gpu_decodes=[r1], cpu_decodes=[r2])
-    tokens, times = ex.iterate(NeoPlan([b0, SubBatch(cpu_decodes=[r3])]), ([], []), ([], []))
+    tokens, times = ex.iterate(NeoPlan([b0, SubBatch(cpu_decodes=[r3])]))
     assert times.sub_batches == [1 + 1 + len(PROMPTS[4]) + 6, 1]
     assert sorted(tokens) == [1, 2, 3, 4, 5]
     check_and_apply(box, tokens, 2.0)
@@ -66,8 +66,9 @@ def test_neo_iterations_sample_the_dense_forwards_tokens(device):
     grow(box, [r4], host=False)
     grow(box, [r1, r2, r3, r5], host=True)
     plan = NeoPlan([SubBatch(gpu_decodes=[r4], cpu_decodes=[r2, r5]),
-                    SubBatch(cpu_decodes=[r1, r3])], swap_outs=[r1])
-    tokens, _ = ex.iterate(plan, (old, r1.blocks[: len(old)]), ([], []))
+                    SubBatch(cpu_decodes=[r1, r3])], swap_outs=[r1],
+                   moves=BlockMoves((old, r1.blocks[: len(old)])))
+    tokens, _ = ex.iterate(plan)
     check_and_apply(box, tokens, 3.0)
     ex.close()
     assert not box.pool.data[:, :, -1].any(), "a CPU decode's K/V went into HBM (slot -1)"

@@ -392,11 +392,11 @@ def test_a_failing_gpu_engine_stops_the_cpu_process_too(tmp_path):
     runtime = build_runtime(load_scenario(slow_scenario(tmp_path)), "dualpace", "cpu", None)
     pid, stages, calls = runtime.cpu_engine.pid, runtime.gpu.stages, []
 
-    def failing(plan):
+    def failing(plan, moves=None):
         calls.append(plan)
         if len(calls) > 20:
             raise RuntimeError("CUDA error: an illegal memory access (injected)")
-        return stages(plan)
+        return stages(plan, moves)
 
     runtime.gpu.stages = failing
     with pytest.raises(EngineFailure, match=r"GPU engine failed: RuntimeError: CUDA error"):
