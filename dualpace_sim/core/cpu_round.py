@@ -32,7 +32,7 @@ class CpuScheduler:
         # 2. Preserve the running frontier, FIFO.
         boundary = False
         for r in st.cpu_running:
-            if r.marked:
+            if r.req_id in st.marked:
                 held_back.append(r)
                 continue
             growth = r.peak_blocks - len(r.blocks)
@@ -46,7 +46,7 @@ class CpuScheduler:
         admitted = 0
         if not held_back:
             for r in st.cpu_waiting:
-                if len(batch) >= limit or not r.ready or r.marked:
+                if len(batch) >= limit or not r.ready or r.req_id in st.marked:
                     break
                 growth = r.peak_blocks - len(r.blocks)
                 if growth > budget:
@@ -64,7 +64,7 @@ class CpuScheduler:
         # 4. Wait on readiness (or on the GPU taking a marked head) rather than bypassing it.
         if not batch and st.cpu_waiting:
             head = st.cpu_waiting[0]
-            if not head.ready or head.marked:
+            if not head.ready or head.req_id in st.marked:
                 plan.wait_for = head
         return plan
 
@@ -91,7 +91,5 @@ class CpuScheduler:
         if emit_batch(plan.batch, t, Owner.CPU, st.rounds):
             st.cpu_running = retire_finished(st.cpu_running, st.host, st.finished)
             st.cpu_growth = sum(r.peak_blocks - len(r.blocks) for r in st.cpu_running)
-            for r in st.marked:
-                if r.finished:  # a marked request that finished on the CPU needs no swap-in
-                    r.marked = False
-            st.marked = [r for r in st.marked if r.marked]
+            # a marked request that finished on the CPU needs no swap-in
+            st.marked = {i: r for i, r in st.marked.items() if not r.finished}

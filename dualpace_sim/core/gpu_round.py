@@ -87,11 +87,12 @@ class GpuScheduler:
         #    the running Σ finish-peak of the queue and a scan of its eviction tail.
         victims = plan.swap_outs
         queue_peak = st.gpu_queue_peak - sum(v.peak_blocks for v in victims)
-        marked_peak = sum(r.peak_blocks for r in st.marked)
+        marks = st.marked.values()
+        marked_peak = sum(r.peak_blocks for r in marks)
         budget = _Budget(
             rows=len(decodes) + len(st.marked),
             tokens=len(decodes) + len(st.marked),
-            hbm=hbm_left - sum(len(r.blocks) + 1 for r in st.marked),
+            hbm=hbm_left - sum(len(r.blocks) + 1 for r in marks),
             peak=queue_peak + marked_peak,
             queue_peak=queue_peak,
             migration=tail_reserve(self._tail_peaks(victims), queue_peak, cfg.gpu_kv_blocks)
@@ -191,7 +192,7 @@ class GpuScheduler:
             r = waiting[i]
             if not r.ready or r.owner != Owner.CPU:
                 break
-            if r.marked:  # give back what the mark reserved before re-checking
+            if r.req_id in st.marked:  # give back what the mark reserved before re-checking
                 budget.rows -= 1
                 budget.tokens -= 1
                 budget.hbm += len(r.blocks) + 1
@@ -204,7 +205,7 @@ class GpuScheduler:
                 and budget.peak + r.peak_blocks <= cap
             )
             if not fits:
-                if r.marked:
+                if r.req_id in st.marked:
                     budget.rows += 1
                     budget.tokens += 1
                     budget.hbm -= len(r.blocks) + 1
@@ -287,9 +288,9 @@ class GpuScheduler:
     def _place_marks(self, plan: GpuPlan, budget: _Budget) -> None:
         """Deferred swap-in: reserve future GPU rows, tokens and finish-peak HBM for CPU-running
         requests without touching their ownership; the CPU yields them at its next boundary."""
-        cfg = self.state.config
-        for r in self.state.cpu_running:
-            if r.marked or r.finished:
+        st, cfg = self.state, self.state.config
+        for r in st.cpu_running:
+            if r.req_id in st.marked or r.finished:
                 continue
             size = len(r.blocks) + 1
             if (
@@ -329,9 +330,7 @@ class GpuScheduler:
                 v.ready, v.transit_to = False, Owner.CPU
                 st.cpu_waiting.appendleft(v)
                 st.waiting_growth += host_growth(v)
-            for r in st.marked:  # an evicting round gives up its deferred swap-ins
-                r.marked = False
-            st.marked = []
+            st.marked.clear()  # an evicting round gives up its deferred swap-ins
         in_src: list[int] = []
         in_dst: list[int] = []
         for r in plan.swap_ins:  # their blocks cover the next step: none of them is growing
@@ -343,9 +342,7 @@ class GpuScheduler:
             in_src += r.source_blocks
             in_dst += r.blocks[: len(r.source_blocks)]
             r.ready, r.transit_to = False, Owner.GPU
-            if r.marked:
-                r.marked = False
-                st.marked.remove(r)
+            st.marked.pop(r.req_id, None)
             st.gpu_running.append(r)
             st.gpu_queue_peak += r.peak_blocks
             st.gpu_context += r.kv_tokens_after_step
@@ -360,8 +357,7 @@ class GpuScheduler:
         for c in plan.prefills:
             self._commit_prefill(c)
         for r in plan.marks:
-            r.marked = True
-            st.marked.append(r)
+            st.marked[r.req_id] = r
         st.b_migration = plan.migration_reserve
         return BlockMoves((out_src, out_dst), (in_src, in_dst))
 

@@ -62,7 +62,6 @@ class Request:
     computed: int = 0  # vLLM's num_computed_tokens: prompt and (re)computed output tokens
     blocks: list[int] = field(default_factory=list)
     source_blocks: list[int] = field(default_factory=list)
-    marked: bool = False  # deferred swap-in mark placed by a GPU round
     generated: int = 0  # output tokens emitted so far
     # Runs of consecutive rounds of one engine in which the request emitted a token, as flat
     # quadruples (owner, that engine's RoundLog.times array, first round, one past the last).

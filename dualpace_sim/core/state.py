@@ -34,7 +34,10 @@ class EngineState:
         self.gpu_running: list[Request] = []  # GPU ownership queue; eviction-priority tail last
         self.cpu_waiting: deque[Request] = deque()  # CPU-side queue, FIFO, may hold unready ones
         self.cpu_running: list[Request] = []  # the active CPU batch
-        self.marked: list[Request] = []  # CPU-owned requests marked for a future swap-in
+        # Deferred swap-in marks (A.1 step 6b), by request id in the order placed: CPU-owned
+        # requests whose future GPU rows and HBM a GPU round reserved. The one record of a
+        # mark: `r.req_id in state.marked`.
+        self.marked: dict[int, Request] = {}
         self.b_migration = 0  # B_migration, published by each GPU round
         self.cpu_growth = 0  # B_growth = Σ over cpu_running of (b̂ - b)
         # The same over the host-bound requests that are not CPU-running (host_growth): CPU
@@ -159,6 +162,9 @@ class EngineState:
         growing = [r.req_id for r in self.gpu_running if r.next_blocks(bs)]
         kept = [r.req_id for r in self.gpu_growing]
         assert kept == growing, f"GPU growing {kept}, actual {growing} (in queue order)"
+        for i, r in self.marked.items():  # a mark: a CPU-owned request the CPU has not finished
+            assert i == r.req_id and seen.get(i) in ("cpu_running", "cpu_waiting") and (
+                r.owner == Owner.CPU), f"mark on request {i} in {seen.get(i)}, {r.owner}"
         assert self.host_envelope_fits(), (
             f"host envelope: used {self.host.used} + growth {self.cpu_growth} + waiting growth "
             f"{self.waiting_growth} + migration {self.b_migration} > capacity "

@@ -226,4 +226,4 @@ class DualPaceNode(Node):
         head = plan.wait_for
         if self.trace is None or head is None:
             return None
-        return "marked for swap-in" if head.marked else "migration in flight"
+        return "marked for swap-in" if head.req_id in self.state.marked else "migration in flight"

@@ -122,8 +122,7 @@ def cpu_waiting(
 
 def mark(st: EngineState, r: Request) -> Request:
     """A deferred swap-in mark, as a GPU round's commit places it."""
-    r.marked = True
-    st.marked.append(r)
+    st.marked[r.req_id] = r
     return r
 
 

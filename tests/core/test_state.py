@@ -72,3 +72,26 @@ def test_a_growing_list_out_of_step_with_the_queue_is_caught():
         st.gpu_growing.reverse()
         with pytest.raises(AssertionError, match="GPU growing"):
             st.check_invariants()
+
+
+def test_a_mark_anywhere_but_on_a_cpu_owned_request_is_caught():
+    """Marks live only in EngineState.marked: one on a GPU-owned or finished request, or under
+    another id, fails the invariant check."""
+    d, rng = Driver(CONFIG, LENGTHS), random.Random(0)
+    st = d.state
+    for _ in range(20_000):
+        d.do(rng.choice(d.actions()))
+        if st.gpu_running and st.finished and st.cpu_running:
+            break
+    else:
+        pytest.fail("the run never had GPU-running, CPU-running and finished requests at once")
+    st.check_invariants()
+    for r in (st.gpu_running[0], st.finished[0]):
+        st.marked[r.req_id] = r
+        with pytest.raises(AssertionError, match="mark on request"):
+            st.check_invariants()
+        del st.marked[r.req_id]
+    r = st.cpu_running[0]
+    st.marked[r.req_id + 10_000] = r
+    with pytest.raises(AssertionError, match="mark on request"):
+        st.check_invariants()
