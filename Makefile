@@ -34,6 +34,7 @@ demo: $(BIN)/dualpace-sim
 
 test: $(VENV)/.hw $(LOAD_VENV)/bin/guidellm docs
 	$(BIN)/ruff check dualpace_sim dualpace_hw tests benchmarks docs/gen docs/validation/analysis
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 
 # The documentation site into site/; --strict fails on any warning, such as a broken link or a
