@@ -1,9 +1,9 @@
 """What sampling adds to a decode round, where the round runs.
 
 A served request samples (the OpenAI API's default temperature is 1), so every row of every
-decode round is perturbed before its argmax (`dualpace_hw.sampling.perturb`). In session 13's
-served run on the H200 box, sampling made row by row on the host tripled the GPU engine's
-decode rounds (18.9 ms against a 5.5 ms model). This times `perturb` over B rows of the model's
+decode round is drawn (`dualpace_hw.sampling`). In session 13's served run on the H200 box,
+sampling made row by row on the host tripled the GPU engine's decode rounds (18.9 ms against a
+5.5 ms model). This times the draw over B rows of the model's
 vocabulary on --device, every row sampled (temperature 1; top-p 0.9 with and without top-k 50,
 over logits of a trained model's spread and over flat ones), and prints it beside the
 profile's decode round of B requests at --context tokens each: the GPU engine's round on cuda,
@@ -27,7 +27,7 @@ import time
 import torch
 from profile_args import add_profile_arguments, profile_from
 
-from dualpace_hw.sampling import SamplingParams, perturb
+from dualpace_hw.sampling import SamplingParams, perturb, sample
 from dualpace_sim.costs import CostModel
 
 TARGET = 0.05
@@ -42,13 +42,17 @@ KINDS = {"temperature 1": (SamplingParams(1.0, seed=1), 4.0),
 
 def perturb_s(b: int, vocab: int, params: SamplingParams, spread: float, device: torch.device,
               rounds: int) -> float:
-    """Median time of `perturb` over b sampled rows of bf16 logits, the device idle after."""
+    """Median time of sampling b rows of bf16 logits as each engine does, the device idle
+    after: `sample` on the GPU engine; `perturb`, then the executor's argmax, on the CPU."""
     logits = (torch.randn(b, vocab, device=device) * spread).to(torch.bfloat16)
     times = []
     for i in range(rounds + 2):
         rows = [(params, 100 + i * b + r) for r in range(b)]
         start = time.perf_counter()
-        perturb(logits, rows).argmax(dim=-1).tolist()
+        if device.type == "cuda":
+            sample(logits, rows)
+        else:
+            perturb(logits, rows).argmax(dim=-1).tolist()
         if i >= 2:
             times.append(time.perf_counter() - start)
     return statistics.median(times)

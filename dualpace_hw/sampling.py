@@ -87,8 +87,12 @@ def filtered(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor
     Rows are filtered over their CANDIDATES highest logits, where that is exact: where what
     they keep lies above the lowest candidate's logit (so no tie with it is left out), with
     the probabilities normalised over the whole row. The other rows sort the whole row."""
-    x = logits.to(torch.float32, copy=True)
-    x.div_(torch.tensor([p.temperature for p in params], device=x.device)[:, None])
+    temps = [p.temperature for p in params]
+    x = logits.float()  # (never written in place below: it may be `logits` itself)
+    if any(t != temps[0] for t in temps):
+        x = x / torch.tensor(temps, device=x.device)[:, None]
+    elif temps[0] != 1.0:  # one temperature, the API's default 1 most often: no copy to make
+        x = x / temps[0]
     k = [p.top_k if 0 < p.top_k < x.shape[1] else 0 for p in params]
     top_p = [p.top_p if p.top_p < 1.0 else float("inf") for p in params]  # inf: no nucleus
     if not any(k) and all(t == float("inf") for t in top_p):
@@ -130,29 +134,47 @@ def _filtered_sorted(x: torch.Tensor, k: list[int], top_p: list[float]) -> torch
     return torch.empty_like(x).scatter_(1, order, _keep(ordered, x, k, top_p)[1])
 
 
-def perturb(logits: torch.Tensor, rows: list[Row]) -> torch.Tensor:
-    """[R, V] logits whose row-wise argmax is each row's sample (greedy rows unchanged).
+def draw(logits: torch.Tensor, rows: list[Row]) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The sampled rows' tokens: (their row index, None when every row samples; [n] tokens).
 
-    A sampled row's token is the first whose cumulative filtered probability reaches its
-    uniform (times the row's total, which rounding keeps from being exactly 1); filtered-out
-    tokens add nothing to the sum, so they are never drawn."""
+    A row's token is the first whose cumulative filtered probability reaches its uniform
+    (times the row's total, which rounding keeps from being exactly 1); filtered-out tokens
+    add nothing to the sum, so they are never drawn. The uniforms travel to the device in
+    one copy, beside the index of the sampled rows where some rows are greedy."""
     picked = [i for i, row in enumerate(rows) if row is not None]
-    if not picked:
-        return logits
-    index = torch.tensor(picked, device=logits.device)
+    index = None if len(picked) == len(rows) else torch.tensor(picked, device=logits.device)
     params = [rows[i][0] for i in picked]
-    cdf = torch.softmax(filtered(logits[index], params), dim=-1).cumsum(-1, dtype=torch.float64)
     u = torch.tensor([uniform(rows[i][0].seed, rows[i][1]) for i in picked],
                      dtype=torch.float64, device=logits.device)
+    x = filtered(logits if index is None else logits[index], params)
+    cdf = torch.softmax(x, dim=-1).cumsum(-1, dtype=torch.float64)
     tokens = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp_(max=cdf.shape[1] - 1)
+    return index, tokens.squeeze(1)
+
+
+def perturb(logits: torch.Tensor, rows: list[Row]) -> torch.Tensor:
+    """[R, V] logits whose row-wise argmax is each row's sample: a sampled row is -inf but at
+    its drawn token (greedy rows unchanged). For post-layers whose argmax runs elsewhere."""
+    if not any(rows):
+        return logits
+    index, tokens = draw(logits, rows)
     out = logits.clone()
-    out[index] = float("-inf")
-    out[index[:, None], tokens] = 0.0
+    rows_of = torch.arange(len(rows), device=logits.device) if index is None else index
+    out[rows_of] = float("-inf")
+    out[rows_of, tokens] = 0.0
     return out
 
 
 def sample(logits: torch.Tensor, rows: list[Row]) -> list[int]:
-    return perturb(logits, rows).argmax(dim=-1).tolist()
+    """Each row's token: its draw where it samples, its argmax where it is greedy."""
+    if not any(rows):
+        return logits.argmax(dim=-1).tolist()
+    index, tokens = draw(logits, rows)
+    if index is None:
+        return tokens.tolist()
+    out = logits.argmax(dim=-1)
+    out[index] = tokens
+    return out.tolist()
 
 
 class Sampler:
