@@ -5,8 +5,8 @@ GPU (this file): the Llama-3.1-8B decode step (whole forward through GpuExecutor
 weights, batches 1-256 x context 1k-4k) against the HBM roofline of the weights and KV bytes it
 must read at the device-copy bandwidth measured here (target >= 70%); the Triton paged decode
 kernel alone; swaps and Prefill-to-CPU layer copies against the measured pinned H2D / D2H copy
-bandwidth (target >= 80%). CPU: `cpu_section(out)` from dualpace_hw.cpu_bench, if that module
-exists (the CPU executor's engineer owns it).
+bandwidth (target >= 80%). CPU: `cpu_section(out)` from benchmarks/cpu_kernels.py, if that module
+imports.
 
     python benchmarks/hw_kernels.py [--out benchmarks/results/<box>-hw_kernels.md] [--quick]
 
@@ -493,13 +493,13 @@ def markdown(res: dict) -> str:
 
 def cpu_part(res: dict) -> None:
     try:
-        from dualpace_hw.cpu_bench import cpu_section
+        from cpu_kernels import cpu_section
     except ImportError as e:
-        msg = f"CPU section skipped: dualpace_hw.cpu_bench.cpu_section is not available ({e})"
+        msg = f"CPU section skipped: cpu_kernels.cpu_section is not available ({e})"
         print("\n" + msg)
         res.setdefault("notes", []).append(msg)
         return
-    print("\n== CPU section (dualpace_hw.cpu_bench) ==")
+    print("\n== CPU section (benchmarks/cpu_kernels.py) ==")
     cpu: dict = {}
     cpu_section(cpu)
     res["cpu"] = cpu

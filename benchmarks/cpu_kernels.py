@@ -4,7 +4,7 @@ benchmarks/cpu_tier.py.
 
 `cpu_section(out)` is what benchmarks/hw_kernels.py calls; run alone:
 
-    python -m dualpace_hw.cpu_bench [--quick] [--out benchmarks/results/BOX-cpu_kernels.md]
+    python benchmarks/cpu_kernels.py [--quick] [--out benchmarks/results/BOX-cpu_kernels.md]
 
 Every figure is set next to the limit measured in the same run: attention bytes of KV read per
 second vs a streaming read of a large buffer with all threads (target >= 75%).
@@ -24,15 +24,15 @@ from pathlib import Path
 
 import torch
 
-from .attention import paged_decode_attention
-from .cpu_attention import (
+from dualpace_hw.attention import paged_decode_attention
+from dualpace_hw.cpu_attention import (
     cpu_paged_decode_attention,
     extension_info,
     hugepage_empty,
     stream_read,
     torch_paged_decode_attention,
 )
-from .packed import cpu_clock_ghz, cpu_features
+from dualpace_hw.packed import cpu_clock_ghz, cpu_features
 
 GiB = 1 << 30
 KV_HEADS, HEAD_DIM, N_HEADS, BLOCK = 8, 128, 32, 16
@@ -296,7 +296,7 @@ def cpu_section(out: dict, quick: bool = False) -> None:
 def to_markdown(res: dict) -> str:
     box = res["box"]
     lines = ["# CPU kernels: paged decode attention", "",
-             "Made by `python -m dualpace_hw.cpu_bench` (dualpace_hw/cpu_bench.py).", "",
+             "Made by `python benchmarks/cpu_kernels.py`.", "",
              "## Box", ""]
     lines += [f"- {k}: {v}" for k, v in box.items()]
     ext = res["extension"]
