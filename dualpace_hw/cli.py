@@ -281,7 +281,7 @@ def main() -> None:
     except ImportError:
         sys.stderr.write("dualpace-hw needs the hw extra: pip install -e \".[hw]\"\n")
         sys.exit(2)
-    from dualpace_sim.cli import cost_warnings_as_notes, interrupt_on_termination, run_app
+    from dualpace_sim.cli_support import cost_warnings_as_notes, interrupt_on_termination, run_app
 
     cost_warnings_as_notes()
     interrupt_on_termination()

@@ -27,12 +27,11 @@ from dualpace_sim.node_series import (
 )
 from dualpace_sim.outputs import write_json
 from dualpace_sim.plots import plot_timeline
-from dualpace_sim.provenance import parquet_metadata, provenance, scenario_hash
+from dualpace_sim.provenance import RUN_PROFILE, parquet_metadata, provenance, scenario_hash
 from dualpace_sim.records import read_records, records_frame, write_records
-from dualpace_sim.runner import policy_summary, stamp
 from dualpace_sim.scenario import LoadedScenario
+from dualpace_sim.summary import policy_summary, stamp
 from dualpace_sim.trace_events import TraceRecorder, write_trace
-from dualpace_sim.validate import RUN_PROFILE
 
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .cpu_worker import CpuEngineProcess

@@ -29,6 +29,8 @@ from .workload import trace_entry
 from .workload.fetch import file_sha256 as streamed_sha256
 from .workload.fetch import local_copy
 
+RUN_PROFILE = "profile.yaml"  # in a real run's directory: the calibration profile it ran with
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 # The Parquet key-value metadata key under which a records file keeps its provenance (JSON).

@@ -12,10 +12,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import pandas as pd
-
-from .budgets import BUDGET_KEYS
-from .metrics import longest_cpu_stall, summarize
 from .node_series import UTILISATION_KEYS, record_series_counters, write_series
 from .outputs import write_json
 from .plots import plot_timeline
@@ -24,7 +20,7 @@ from .provenance import parquet_metadata, provenance, scenario_hash
 from .records import PolicyRecords, write_policy_records
 from .scenario import LoadedScenario, load_scenario
 from .sim import make_node
-from .token_spans import TokenSpans
+from .summary import policy_summary, stamp
 from .trace_events import TraceRecorder, write_trace
 
 
@@ -51,28 +47,6 @@ def simulate(
     return records, summary
 
 
-def policy_summary(loaded: LoadedScenario, policy: str, frame: pd.DataFrame,
-                   tokens: TokenSpans | None = None) -> dict:
-    """The summary keys a simulated and a real run of `policy` share, in that order: the
-    metrics of its records `frame` (the scenario's percentiles and SLOs), the controls,
-    pools and profile it ran with. The caller adds the utilisations and the engine's
-    counters, which a simulator and a runtime count differently."""
-    return {
-        "scenario": loaded.spec.name,
-        "policy": policy,
-        "rate": loaded.spec.workload.rate,
-        **summarize(frame, percentiles=loaded.spec.metrics.percentiles,
-                    slos=loaded.spec.targets.model_dump(), tokens=tokens),
-        "longest_cpu_stall_s": longest_cpu_stall(frame, tokens),
-        "controls": policy_controls(loaded, policy),
-        "capacities": {"gpu_kv_blocks": loaded.config.gpu_kv_blocks,
-                       "host_kv_blocks": loaded.config.host_kv_blocks,
-                       "block_size": loaded.config.block_size},
-        "profile": {"source": loaded.profile_source,
-                    "method": loaded.profile.provenance.method},
-    }
-
-
 def utilisation(stats, loaded: LoadedScenario) -> dict[str, float]:
     """Busy share of each engine over the run (0 to 1): the GPU worker (batches and assists),
     the CPU engine, and each PCIe direction (bytes moved over what the profile's bandwidth
@@ -84,32 +58,6 @@ def utilisation(stats, loaded: LoadedScenario) -> dict[str, float]:
         (stats.gpu_busy_s + stats.gpu_assist_s) / end, stats.cpu_busy_s / end,
         stats.h2d_bytes / (link.h2d_bytes_per_s * end),
         stats.d2h_bytes / (link.d2h_bytes_per_s * end)), strict=True))
-
-
-def policy_controls(loaded: LoadedScenario, policy: str) -> dict:
-    """The knobs this policy ran with and where each value came from."""
-    if policy == "dualpace":
-        return {k: {"value": c.value, "source": c.source} for k, c in loaded.controls.items()}
-    config = asdict(loaded.policy_config(policy))
-    shared = loaded.spec.shared_gpu_budget
-    from_shared = ({key.split(".")[1] for key in BUDGET_KEYS[policy]}
-                   if shared not in (None, policy) else set())
-    out = {}
-    for k, v in config.items():
-        if k not in ("gpu_kv_blocks", "host_kv_blocks", "block_size"):
-            source = f"shared_gpu_budget: {shared}" if k in from_shared else "scenario"
-            out[k] = {"value": v, "source": source}
-    if policy == "neo":
-        given = loaded.spec.neo.launch_s is not None
-        out["launch_s"] = {"value": loaded.neo_launch_s, "source": "scenario" if given else
-                           f"profile ({loaded.profile.provenance.method})"}
-    return out
-
-
-def stamp(summary: dict, digest: str, record: dict) -> dict:
-    """A summary with the scenario hash (:func:`provenance.scenario_hash`) and provenance
-    (:func:`provenance.provenance`) it was made under."""
-    return {**summary, "scenario_hash": digest, "provenance": record}
 
 
 @dataclass

@@ -63,9 +63,10 @@ from .provenance import (
     scenario_hash,
 )
 from .records import PolicyRecords, write_policy_records
-from .runner import simulate, stamp
+from .runner import simulate
 from .scenario import LoadedScenario, load_scenario, read_scenario
 from .sim import SimulationStalled
+from .summary import stamp
 from .sweep_dir import (
     SWEEP_COLUMNS,
     TARGET_METRICS,
@@ -171,7 +172,7 @@ def write_point(pdir: Path, result: PointResult, digest: str, record: dict) -> N
     """Write one computed point as it finishes: ``requests.parquet``, then ``summary.json``
     (last: it marks the point finished), each to a temporary name and renamed; or
     ``error.txt`` when it failed. Both carry the scenario hash ``digest`` and the provenance
-    ``record`` (:func:`runner.stamp`), added here, in the sweep's own process."""
+    ``record`` (:func:`summary.stamp`), added here, in the sweep's own process."""
     if result.summary is None:
         _write_error(pdir, result.traceback)
         return

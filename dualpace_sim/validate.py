@@ -35,11 +35,12 @@ from .costs.profile import Controls, Profile, load_profile
 from .metrics import summarize
 from .outputs import write_json
 from .plots import plot_latency_cdf_overlay, plot_timeline_overlay
-from .provenance import parquet_metadata, provenance, scenario_hash
+from .provenance import RUN_PROFILE, parquet_metadata, provenance, scenario_hash
 from .records import read_records, write_records
 from .replay import ReplayReport, replay_run
-from .runner import simulate, stamp
+from .runner import simulate
 from .scenario import LoadedScenario, load_scenario
+from .summary import stamp
 
 METRICS = (
     "normalized_latency_s",
@@ -54,7 +55,6 @@ METRICS = (
 )
 COLUMNS = ("policy", "metric", "simulated", "real", "relative_error")
 
-RUN_PROFILE = "profile.yaml"  # in a real run's directory: the calibration profile it ran with
 
 # A summary.json value further than this (relative) from what its own records give is reported.
 SUMMARY_RTOL = 1e-6

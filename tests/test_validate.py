@@ -17,12 +17,12 @@ import pytest
 from typer.testing import CliRunner
 
 from dualpace_sim.cli import app
+from dualpace_sim.provenance import RUN_PROFILE
 from dualpace_sim.records import read_records, write_records
 from dualpace_sim.runner import run_scenario
 from dualpace_sim.validate import (
     COLUMNS,
     METRICS,
-    RUN_PROFILE,
     format_table,
     relative_error,
     validate,

@@ -32,11 +32,10 @@ from dualpace_sim.core.journal import JOURNAL_FILE, Journal
 from dualpace_sim.costs import load_profile
 from dualpace_sim.costs.calibrate import run_assist_calls
 from dualpace_sim.node_series import ENGINES, STATE_COLUMNS, read_series
-from dualpace_sim.provenance import PARQUET_KEY, provenance, scenario_hash
+from dualpace_sim.provenance import PARQUET_KEY, RUN_PROFILE, provenance, scenario_hash
 from dualpace_sim.records import read_metadata, read_records
 from dualpace_sim.replay import replay, replay_run, replay_states
 from dualpace_sim.scenario import load_scenario
-from dualpace_sim.validate import RUN_PROFILE
 
 from ..signals import default_sigint
 from .reference import dense_logits
