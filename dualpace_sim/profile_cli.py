@@ -384,8 +384,9 @@ def list_profiles(
         help="folders to search (recursively); default: calibration")] = None,
 ) -> None:
     """Every profile under FOLDERS with its key — box, model, GPU and CPU tensor-parallel
-    degrees — and how it was made (measured or roofline, and when), as a markdown table.
-    Two profiles of one key and method are flagged: a scenario should name one of them."""
+    degrees, the CPU engine's cores — and how it was made (measured or roofline, and when), as a
+    markdown table. Two profiles of one key and method are flagged: a scenario should name one
+    of them."""
     folders = folders or [Path("calibration")]
     rows: list[tuple[str, ...]] = []
     for folder in folders:
@@ -399,16 +400,16 @@ def list_profiles(
                 continue  # a scenario, a hardware spec, a partial checkpoint
             p = _load(path)
             rows.append((p.box.name, p.model.name, str(p.box.tensor_parallel),
-                         str(p.box.cpu_tensor_parallel), p.provenance.method,
-                         p.provenance.date, str(path)))
+                         str(p.box.cpu_tensor_parallel), str(p.box.cpu_cores),
+                         p.provenance.method, p.provenance.date, str(path)))
     if not rows:
         _fail(f"no profiles under {', '.join(map(str, folders))}")
-    typer.echo("| box | model | GPU TP | CPU TP | method | date | file |")
-    typer.echo("|---|---|---|---|---|---|---|")
+    typer.echo("| box | model | GPU TP | CPU TP | CPU cores | method | date | file |")
+    typer.echo("|---|---|---|---|---|---|---|---|")
     for row in sorted(rows):
         typer.echo("| " + " | ".join(row) + " |")
-    keys = [row[:5] for row in rows]
+    keys = [row[:6] for row in rows]
     for key in sorted({k for k in keys if keys.count(k) > 1}):
-        files = ", ".join(r[6] for r in rows if r[:5] == key)
-        typer.echo(f"note: {key[0]} / {key[1]} (GPU TP {key[2]}, CPU TP {key[3]}, {key[4]}) "
-                   f"has several profiles: {files}")
+        files = ", ".join(r[7] for r in rows if r[:6] == key)
+        typer.echo(f"note: {key[0]} / {key[1]} (GPU TP {key[2]}, CPU TP {key[3]}, {key[4]} CPU "
+                   f"cores, {key[5]}) has several profiles: {files}")

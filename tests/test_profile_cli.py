@@ -158,13 +158,15 @@ def test_list_keys_every_profile_by_box_model_and_splits(tmp_path):
     result = runner.invoke(profile_app, ["list", str(root)])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0] == "| box | model | GPU TP | CPU TP | method | date | file |"
-    row = {tuple(c.strip() for c in line.strip("|").split("|")[:5]) for line in lines[2:]}
+    assert lines[0] == "| box | model | GPU TP | CPU TP | CPU cores | method | date | file |"
+    row = {tuple(c.strip() for c in line.strip("|").split("|")[:6]) for line in lines[2:]}
+    row = {(box, model, gpu, cpu, method) for box, model, gpu, cpu, _, method in row}
     assert ("h200x2-xeon32", "qwen3-14b", "2", "1", "measured") in row
     assert ("rtx4090-xeon4510-2x12c", "llama-3.1-8b", "1", "2", "roofline") in row
-    assert "note:" not in result.stdout
+    assert "note:" not in result.stdout  # the H200's 13- and 14-core profiles are two keys
     # the H200 profile's calibration passes and the profiles they ran with are not listed
     assert ("h200-spr16", "llama-3.1-8b", "1", "1", "measured") in row
+    assert "| h200-spr16 | llama-3.1-8b | 1 | 1 | 13 | measured |" in result.stdout
     assert "llama-3.1-8b-calibration" not in result.stdout
     shutil.copy(RTX4090_LLAMA, tmp_path / "a.yaml")
     shutil.copy(RTX4090_LLAMA, tmp_path / "b.yaml")
