@@ -8,6 +8,14 @@ GPU second), and the ratio, judged against 0.90. For contrast it measures the sa
 run in a thread of this process (the design the runtime does not use), and the GPU engine's
 rounds per second alone vs beside the CPU engine (host memory and PCIe interference).
 
+The GPU engine's side is measured twice. Beside Full-CPU steps (no Dense Assist) it runs whole
+rounds; beside Fused-Assist steps it runs them as the runtime serves them (`run_forward`: stage
+by stage, the host at most a stage ahead, the CPU engine's assists served at the boundaries),
+once with the assists on the executor's assist stream and once on the compute stream (as
+before session 14: served DualPace prefill rounds were 1.5x their model while the CPU engine
+decoded, docs/validation/README.md). Eager mixed rounds are where that shows: the host issues
+a stage in about the time the GPU runs it, so a stage the GPU waits for is a stage lost.
+
     python benchmarks/cpu_independence.py --model llama-3.1-8b --cpu-cores 14
     python benchmarks/cpu_independence.py --model tiny-llama --device cpu --steps 5   # smoke
 """
@@ -29,6 +37,8 @@ from dualpace_hw.gpu_executor import GpuExecutor
 from dualpace_hw.kv import PagedKVPool
 from dualpace_hw.model import Model, ModelWeights
 from dualpace_hw.packed import pack_model
+from dualpace_hw.processes import cores_off
+from dualpace_hw.runtime import AssistServer, Engines, run_forward
 from dualpace_hw.tokens import TokenStore
 from dualpace_sim.core import GpuPlan, PrefillChunk, Request
 from dualpace_sim.core.routing import Route
@@ -37,10 +47,10 @@ from dualpace_sim.costs.shapes import ModelShape
 BS = 16
 
 
-def cpu_step(batch: int, context: int) -> CpuStep:
-    """A Full-CPU step of `batch` rows at `context` tokens each, over disjoint host blocks."""
+def cpu_step(batch: int, context: int, route: Route = Route.FULL_CPU) -> CpuStep:
+    """A step of `batch` rows at `context` tokens each, over disjoint host blocks."""
     nb = -(-context // BS)
-    return CpuStep(Route.FULL_CPU, list(range(batch)), [1] * batch, [context - 1] * batch,
+    return CpuStep(route, list(range(batch)), [1] * batch, [context - 1] * batch,
                    [list(range(i * nb, (i + 1) * nb)) for i in range(batch)])
 
 
@@ -63,24 +73,24 @@ def gpu_plan(tokens: TokenStore, vocab: int, chunk: int, decodes: int, context: 
 
 
 class GpuLoad:
-    """A thread driving the GPU executor with one plan, flat out, until stopped."""
+    """A thread running one GPU round (`round_fn`) flat out, until stopped."""
 
-    def __init__(self, ex: GpuExecutor, plan: GpuPlan, sync) -> None:
-        self.ex, self.plan, self.sync = ex, plan, sync
+    def __init__(self, round_fn, sync) -> None:
+        self.round_fn, self.sync = round_fn, sync
         self.rounds = 0
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.ex.execute(self.plan)
+            self.round_fn()
             self.rounds += 1
 
     def rate(self, seconds: float) -> float:
         """Rounds per second over `seconds` of running alone (before start())."""
-        self.ex.execute(self.plan)
+        self.round_fn()
         self.sync()
         t0, n = time.perf_counter(), 0
         while time.perf_counter() - t0 < seconds:
-            self.ex.execute(self.plan)
+            self.round_fn()
             n += 1
         self.sync()
         return n / (time.perf_counter() - t0)
@@ -96,6 +106,40 @@ class GpuLoad:
         self.achieved = (self.rounds - self.r0) / (time.perf_counter() - self.t0)
         self._stop.set()
         self._thread.join()
+
+
+def beside_fused_assist(ex: GpuExecutor, plan: GpuPlan, engine: CpuEngineProcess,
+                        step: CpuStep, sync, steps: int) -> dict[str, float]:
+    """The GPU engine's served rounds alone and beside Fused-Assist steps (their assists on
+    the assist stream, then on the compute stream), and those steps' rate beside each and
+    beside a GPU engine that only serves their assists."""
+    channel = AssistServer(engine.assist, Engines([], BS, ex.shape.vocab_size))
+    served = GpuLoad(lambda: run_forward(ex, ex.stages(plan), channel, paced=True), sync)
+    serving_only = GpuLoad(lambda: channel.serve(ex) or time.sleep(20e-6), lambda: None)
+    own_stream = ex.assist_stream
+
+    def fused_step():
+        return engine.step(step, lambda: False)[0]
+
+    out = {"gpu_served_rounds_per_s_alone": served.rate(3.0)}
+    channel.expecting = True  # the CPU engine is in Fused-Assist steps from here on
+    with serving_only:
+        out["cpu_fused_steps_per_s_alone"] = steps_per_s(fused_step, steps)
+    for key, stream in (("", own_stream), ("_compute_stream", None)):
+        ex.assist_stream = stream
+        calls, waited = channel.calls, channel.wait_s
+        with served:
+            out[f"cpu_fused_steps_per_s_gpu_busy{key}"] = steps_per_s(fused_step, steps)
+        out[f"gpu_served_rounds_per_s_beside_fused{key}"] = served.achieved
+        out[f"gpu_kept_fused{key}"] = (served.achieved
+                                       / out["gpu_served_rounds_per_s_alone"])
+        out[f"assist_wait_ms{key}"] = 1e3 * (channel.wait_s - waited) / max(
+            channel.calls - calls, 1)
+    ex.assist_stream = own_stream
+    channel.expecting = False
+    out["cpu_kept_fused"] = (out["cpu_fused_steps_per_s_gpu_busy"]
+                             / out["cpu_fused_steps_per_s_alone"])
+    return out
 
 
 def steps_per_s(run_step, steps: int) -> float:
@@ -129,14 +173,18 @@ def main() -> None:
     weights = ModelWeights.random(shape, seed=0, device=dev)
     host_blocks = args.batch * -(-args.context // BS)
     engine = CpuEngineProcess(weights, shape, host_blocks, BS, max_rows=args.batch, cores=cores)
-    if cores and set(cores_all) - set(cores):
-        os.sched_setaffinity(0, set(cores_all) - set(cores))  # as the runtime does
+    own = cores_off(cores)
+    if own:  # the rest, with as many OpenMP threads, as the runtime's `on_cores` does (the
+        # session-14 figures were measured with the default team, a thread per core of the
+        # box, on these 2 cores, where the GPU engine's assist copies ran)
+        os.sched_setaffinity(0, own)
+        torch.set_num_threads(len(own))
     tokens = TokenStore()
     gpu_blocks = args.gpu_decodes * -(-args.context // BS) + -(-(args.gpu_chunk + 1) // BS)
     ex = GpuExecutor(Model(shape, weights), PagedKVPool(shape, gpu_blocks, BS, device=dev),
                      tokens, engine.host_pool)
-    load = GpuLoad(ex, gpu_plan(tokens, shape.vocab_size, args.gpu_chunk, args.gpu_decodes,
-                                args.context), sync)
+    plan = gpu_plan(tokens, shape.vocab_size, args.gpu_chunk, args.gpu_decodes, args.context)
+    load = GpuLoad(lambda: ex.execute(plan), sync)
     step = cpu_step(args.batch, args.context)
     out: dict[str, float | str] = {"model": args.model, "batch": args.batch,
                                    "context": args.context, "cpu_cores": str(cores)}
@@ -171,6 +219,8 @@ def main() -> None:
                 t.join()
             out[f"cpu_thread_steps_per_s_{key}"] = result[key]
         out["thread_kept"] = result["gpu_busy"] / result["alone"]
+        out.update(beside_fused_assist(ex, plan, engine, cpu_step(
+            args.batch, args.context, Route.FUSED_ASSIST), sync, args.steps))
     finally:
         engine.close()
     for k, v in out.items():
@@ -178,6 +228,10 @@ def main() -> None:
     print(f"CPU engine decode rate kept while the GPU engine is saturated: "
           f"{out['process_kept']:.1%} (target >= 90%); in a thread instead: "
           f"{out['thread_kept']:.1%}")
+    print(f"GPU engine's served-round rate kept beside Fused-Assist steps: "
+          f"{out['gpu_kept_fused']:.1%} with the assists on their own stream (target >= 90%), "
+          f"{out['gpu_kept_fused_compute_stream']:.1%} on the compute stream; the CPU engine "
+          f"kept {out['cpu_kept_fused']:.1%}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

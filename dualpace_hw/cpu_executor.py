@@ -35,6 +35,7 @@ import torch
 from dualpace_sim.core.plans import CpuPlan
 from dualpace_sim.core.routing import Route
 
+from .allocator import keep_freed_memory
 from .cpu_attention import cpu_paged_decode_attention, omp_threads, pin_threads
 from .kv import PagedKVPool
 from .model import Model, greedy
@@ -172,8 +173,11 @@ class CpuExecutor:
 
     # --- threads and cores ------------------------------------------------------------------
     def configure_thread(self) -> None:
-        """Apply the thread count and core set to the calling thread (once per thread)."""
+        """Apply the thread count and core set to the calling thread (once per thread), and
+        keep the process's freed memory for the next step's temporaries (`allocator`)."""
         ident = threading.get_ident()
+        if not self._configured:
+            keep_freed_memory()
         if torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)
         if ident in self._configured:

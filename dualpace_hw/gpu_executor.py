@@ -225,6 +225,12 @@ class GpuExecutor:
         self.swap_handle: CopyHandle | None = None
         self._pinned: dict[str, torch.Tensor] = {}
         self._assist_event = torch.cuda.Event() if self.cuda else None
+        # Dense Assists run on a high-priority stream of their own. On the compute stream an
+        # assist queues behind the stage the host has issued, and its result's wait then
+        # drains the stream, so the GPU idles while the host issues the next stage: in served
+        # runs each assist cost an eager prefill round a stage, +0.5 ms a layer while the CPU
+        # engine was busy (docs/validation/README.md). None: the compute stream.
+        self.assist_stream = torch.cuda.Stream(self.device, priority=-1) if self.cuda else None
         self.sampler: Sampler | None = None  # the runtime's, for requests that sample
 
     # ================================================================== prepare
@@ -741,9 +747,10 @@ class GpuExecutor:
                          residual_cpu: torch.Tensor, out: torch.Tensor | None = None
                          ) -> torch.Tensor:
         """Dense Assist g_p: one non-final post-attention stage of a CPU batch -> hidden (CPU)."""
-        attn = self._stage_in("attn", self._own_heads(attn_out_cpu))
-        res = self._stage_in("residual", residual_cpu)
-        return self._stage_out("hidden", self._post_attn(layer, attn, res), out)
+        with torch.cuda.stream(self.assist_stream):
+            attn = self._stage_in("attn", self._own_heads(attn_out_cpu))
+            res = self._stage_in("residual", residual_cpu)
+            return self._stage_out("hidden", self._post_attn(layer, attn, res), out)
 
     def join_assist(self, layer: int, attn: torch.Tensor, residual: torch.Tensor) -> None:
         """A tensor-parallel rank's part of rank 0's Dense Assist: the post-attention stage on
@@ -754,19 +761,21 @@ class GpuExecutor:
     def assist_post_layer(self, hidden_cpu: torch.Tensor,
                           out: torch.Tensor | None = None) -> torch.Tensor:
         """Dense Assist g_lS (Split-Final): the post-layer of a CPU batch -> token ids (CPU)."""
-        h = self._stage_in("residual", hidden_cpu)
-        return self._stage_out("tokens", greedy(self._cpu_sampled(self.model.post_layer(h))),
-                               out)
+        with torch.cuda.stream(self.assist_stream):
+            h = self._stage_in("residual", hidden_cpu)
+            return self._stage_out("tokens",
+                                   greedy(self._cpu_sampled(self.model.post_layer(h))), out)
 
     def assist_fused_final(self, layer: int, attn_out_cpu: torch.Tensor,
                            residual_cpu: torch.Tensor, out: torch.Tensor | None = None
                            ) -> torch.Tensor:
         """Dense Assist g_lA (Fused-Assist): the last post-attention stage and the post-layer."""
-        attn = self._stage_in("attn", self._own_heads(attn_out_cpu))
-        res = self._stage_in("residual", residual_cpu)
-        h = self._post_attn(layer, attn, res)
-        return self._stage_out("tokens", greedy(self._cpu_sampled(self.model.post_layer(h))),
-                               out)
+        with torch.cuda.stream(self.assist_stream):
+            attn = self._stage_in("attn", self._own_heads(attn_out_cpu))
+            res = self._stage_in("residual", residual_cpu)
+            h = self._post_attn(layer, attn, res)
+            return self._stage_out("tokens",
+                                   greedy(self._cpu_sampled(self.model.post_layer(h))), out)
 
 
 class _DecodeGraph:

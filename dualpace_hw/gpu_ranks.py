@@ -369,6 +369,8 @@ class LeadExecutor(GpuExecutor):
         except BaseException:
             self.peers.close()
             raise
+        # an assist's collectives keep the round's order on the round's stream, on every rank
+        self.assist_stream = None
         self.world = world
 
     def execute(self, plan: GpuPlan) -> dict[int, int]:

@@ -40,6 +40,7 @@ from dualpace_sim.core.neo import NeoPlan, SubBatch
 from dualpace_sim.core.plans import GpuPlan, PrefillChunk
 from dualpace_sim.core.request import Request
 
+from .allocator import keep_freed_memory
 from .cpu_attention import cpu_paged_decode_attention, load_extension, pin_threads
 from .gpu_executor import Batch, GpuExecutor
 from .kv import PagedKVPool, slot_mapping
@@ -87,6 +88,7 @@ class CpuAttention:
 
     @staticmethod
     def _init(cores: list[int] | None) -> None:
+        keep_freed_memory()  # the attention's per-layer temporaries, as the CPU engine's
         if cores:
             torch.set_num_threads(len(cores))
             pin_threads(cores)

@@ -50,7 +50,7 @@ from dualpace_sim.trace_events import (
 
 from .cpu_executor import CpuStep
 from .cpu_worker import AssistBlock, CpuEngineProcess, WorkerFailed
-from .gpu_executor import GpuExecutor
+from .gpu_executor import Forward, GpuExecutor
 from .gpu_ranks import LeadExecutor
 from .kv import PagedKVPool
 from .model import Model, ModelWeights
@@ -173,12 +173,31 @@ class AssistServer:
 
 
 def _timing_event(ex: GpuExecutor) -> torch.cuda.Event | None:
-    """A timing event recorded now on the executor's stream (None off CUDA)."""
+    """A timing event recorded now on the stream the executor's assists run on (None off
+    CUDA)."""
     if not ex.cuda:
         return None
     event = torch.cuda.Event(enable_timing=True)
-    event.record()
+    event.record(ex.assist_stream)
     return event
+
+
+def run_forward(ex: GpuExecutor, fw: Forward, channel: AssistServer, paced: bool
+                ) -> dict[int, int]:
+    """A round's forward as the GPU engine serves it; returns its tokens. With `paced` (the
+    CPU engine's steps may need Dense Assist), a ready assist goes first at every stage
+    boundary and, while the CPU engine is in such a step, the host stays at most one stage
+    ahead of the GPU, so an assist waits for one stage, not the whole round."""
+    pace = _StagePace(ex.device) if paced else None
+    for stage in fw:
+        stage()
+        if pace is not None:
+            if channel.expecting:
+                pace.stage_done()
+            channel.serve(ex)
+    if pace is not None:
+        pace.drain(lambda: channel.serve(ex))
+    return fw.result()
 
 
 @dataclass
@@ -511,20 +530,7 @@ class DualPaceRuntime(Engines):
             start, t0 = time.perf_counter(), self.now()
             tokens: dict[int, int] = {}
             if plan.has_forward:
-                fw = ex.stages(plan, moves)
-                pace = _StagePace(ex.device) if self.stage_mode else None
-                for stage in fw:
-                    stage()
-                    if pace is not None:
-                        # Stage boundary: a ready assist goes first. While the CPU engine is in
-                        # a step that needs Dense Assist, keep the host at most one stage ahead
-                        # of the GPU, so an assist waits for one stage, not the whole round.
-                        if self.channel.expecting:
-                            pace.stage_done()
-                        self.channel.serve(ex)
-                if pace is not None:
-                    pace.drain(lambda: self.channel.serve(ex))
-                tokens = fw.result()
+                tokens = run_forward(ex, ex.stages(plan, moves), self.channel, self.stage_mode)
             elif plan.has_migrations:
                 ex.migrate(moves)
             if ex.swap_handle is not None and plan.has_migrations:

@@ -43,6 +43,7 @@ class ServedRound:
     cpu_step_in_flight: bool  # DualPace: a CPU step was scheduled and not yet applied
     to_cpu_tokens: int = 0  # of its prefill tokens, those of Prefill-to-CPU chunks
     overhead_s: float = 0.0  # the iteration overhead inside fixed_s (the pricing profile's)
+    start_s: float = 0.0  # its schedule call, on the run's clock
 
     @property
     def model_s(self) -> float:
@@ -77,7 +78,7 @@ def served_rounds(loaded: LoadedScenario, run_dir: Path, policy: str) -> Iterato
         elif e.engine == "gpu" and e.call == "apply" and pending is not None:
             start, tokens, prefill, fixed, layer, busy, to_cpu = pending
             yield ServedRound(index, tokens, prefill, e.t - start, fixed, layer, cost.n_layers,
-                              busy, to_cpu, cost.gpu_iteration_overhead)
+                              busy, to_cpu, cost.gpu_iteration_overhead, start)
             index, pending = index + 1, None
 
 

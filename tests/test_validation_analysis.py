@@ -151,3 +151,17 @@ def test_sim_vs_real_rounds_are_the_documented_ones(azure_dir):
     assert re.search(r"256-1,023, to CPU\s+43\s+30\.9\s+38\s+66\.1\s+27\.5", out), out
     assert re.search(r"CPU busy, to CPU\s+129\s+1\.00", out), out
     assert re.search(r"16-63\s+365\s+0\.188\s+360\s+0\.189", out), out
+
+
+def test_prefill_excess_is_the_documented_one(azure_dir):
+    """sustained-r5's eager prefill rounds: a step of about 20 ms once assists flow, not a cost
+    a assist; its decode rounds' excess grows with the assists inside them."""
+    out = run("prefill_excess.py", "--scenario",
+              "scenarios/h200/cpu-busy/llama-3.1-8b-sustained-r5.yaml", "--real",
+              "docs/validation/cpu-busy/sustained-r5/real", "--costs",
+              "calibration/h200-spr16/llama-3.1-8b.yaml",
+              env={"DUALPACE_AZURE_DIR": str(azure_dir)})
+    assert "prefill rounds (eager): 448; excess = 9.21 ms + 0.661 ms a assist" in out, out
+    assert re.search(r"0-0\.5\s+50\s+0\.00\s+1\.48", out), out
+    assert re.search(r"2-5\s+210\s+3\.48\s+21\.00", out), out
+    assert re.search(r"0\.5-2\s+10196\s+0\.89\s+0\.68", out), out

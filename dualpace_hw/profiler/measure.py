@@ -18,6 +18,7 @@ from dualpace_sim.core import PrefillChunk
 from dualpace_sim.costs.shapes import ModelShape
 
 from .. import hostinfo
+from ..allocator import keep_freed_memory
 from ..attention import paged_decode_attention as torch_decode
 from ..attention import prefill_attention
 from ..gpu_executor import ForwardState
@@ -147,6 +148,7 @@ class Measurer:
         self.cpu_ring = self.cache_bytes = 0
         self.cpu_linear = self.cpu_decode = self.cpu_pool = None
         if cpu:
+            keep_freed_memory()  # time the CPU stages with the CPU engine's allocator settings
             self.cache_bytes = hostinfo.last_level_cache_bytes()
             self.cpu_ring = cpu_layer_ring(shape, self.cache_bytes)
             one = ModelWeights.random(shape, seed, gpu_device, n_layers=1).map(

@@ -316,6 +316,30 @@ def test_dense_assist_equals_the_models_own_stages_on_the_cpu(name, device):
         assert torch.equal(toks[clear], greedy(logits)[clear])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="streams are CUDA's")
+def test_a_dense_assist_does_not_queue_behind_the_round_in_flight():
+    """On the compute stream an assist waits for whatever the host has issued there (a whole
+    stage of an eager prefill round) and drains it; on the assist stream it does not."""
+    shape = ModelShape.from_name("tiny-llama")
+    model = Model(shape, ModelWeights.random(shape, seed=3, device="cuda"))
+    ex = GpuExecutor(model, PagedKVPool(shape, 4, BS, device="cuda"), TokenStore())
+    g = torch.Generator().manual_seed(0)
+    attn = torch.randn(8, shape.q_dim, generator=g)
+    res = torch.randn(8, shape.hidden_size, generator=g)
+    out = torch.empty(8, shape.hidden_size, pin_memory=True)
+    ex.assist_post_attn(0, attn, res, out=out)  # warm-up
+    torch.cuda.synchronize()
+    ref = out.clone()
+    out.zero_()
+    busy = torch.cuda.Event()
+    torch.cuda._sleep(1 << 31)  # a long kernel on the compute stream, about a second
+    busy.record()
+    ex.assist_post_attn(0, attn, res, out=out)
+    assert not busy.query(), "the assist waited for the compute stream"
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref)
+
+
 @pytest.mark.parametrize("rank", [None, 1], ids=["whole-pool", "tp-rank-1-heads"])
 def test_swap_out_then_swap_in_round_trips_exactly_into_other_blocks(device, rank):
     """Also for GPU tensor-parallel rank 1, whose host pool is its heads' slice of each page

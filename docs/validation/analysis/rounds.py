@@ -53,6 +53,7 @@ class CpuStep:
     route: Route
     real_s: float  # schedule to apply, from the journal
     model_s: float  # the simulator's step for the same plan, without waits for the GPU engine
+    start_s: float = 0.0  # its schedule call, on the run's clock
 
 
 def _replaying(scenario: str, real: str, policy: str, costs: str | None = None):
@@ -81,7 +82,7 @@ def cpu_steps(scenario: str, real: str) -> Iterator[CpuStep]:
             pending = (e.t, b, plan.route, model)
         elif e.call == "apply" and pending is not None:
             start, b, route, model = pending
-            yield CpuStep(b, route, e.t - start, model)
+            yield CpuStep(b, route, e.t - start, model, start)
             pending = None
 
 
