@@ -245,6 +245,8 @@ def run_profile(opt: Options) -> Profile:
                 g.append(cuda_s)
                 overhead.append(max(wall_s - cuda_s, 0.0))
             values[f"assist.g_{kind}"] = {"x": grids.cpu_batches, "y": g}
+            remeasure_stalled_first(values[f"assist.g_{kind}"],
+                                    lambda b, k=kind: gpu.assist(k, b)[0])
             waits[kind] = sum(overhead) / len(overhead)
         q, o = waits, waits  # under GPU tensor parallelism: the in-process overhead
         if opt.gpu_tp == 1:
