@@ -3,10 +3,11 @@
 The runtime's CPU engine executes in its own process (dualpace_hw.cpu_worker) so that the GPU
 engine's Python (kernel launches, stage loop) cannot hold it up through the GIL. This measures
 that: the CPU engine's decode steps per second alone, then while a thread of this process drives
-the GPU executor flat out with mixed prefill+decode batches (no CUDA graphs: the most Python per
-GPU second), and the ratio, judged against 0.90. For contrast it measures the same CPU executor
-run in a thread of this process (the design the runtime does not use), and the GPU engine's
-rounds per second alone vs beside the CPU engine (host memory and PCIe interference).
+the GPU executor flat out with mixed prefill+decode batches (`--eager-chunked`: without the
+chunked rounds' layer graphs, the most Python per GPU second), and the ratio, judged against
+0.90. For contrast it measures the same CPU executor run in a thread of this process (the
+design the runtime does not use), and the GPU engine's rounds per second alone vs beside the
+CPU engine (host memory and PCIe interference).
 
 The GPU engine's side is measured twice. Beside Full-CPU steps (no Dense Assist) it runs whole
 rounds; beside Fused-Assist steps it runs them as the runtime serves them (`run_forward`: stage
@@ -163,6 +164,8 @@ def main() -> None:
     ap.add_argument("--gpu-chunk", type=int, default=512, help="prefill chunk in GPU batches")
     ap.add_argument("--gpu-decodes", type=int, default=64, help="decodes in GPU batches")
     ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--eager-chunked", action="store_true",
+                    help="run the mixed rounds eagerly, without the chunked rounds' graphs")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
     shape = ModelShape.from_name(args.model)
@@ -182,7 +185,8 @@ def main() -> None:
     tokens = TokenStore()
     gpu_blocks = args.gpu_decodes * -(-args.context // BS) + -(-(args.gpu_chunk + 1) // BS)
     ex = GpuExecutor(Model(shape, weights), PagedKVPool(shape, gpu_blocks, BS, device=dev),
-                     tokens, engine.host_pool)
+                     tokens, engine.host_pool,
+                     chunked_graphs=False if args.eager_chunked else None)
     plan = gpu_plan(tokens, shape.vocab_size, args.gpu_chunk, args.gpu_decodes, args.context)
     load = GpuLoad(lambda: ex.execute(plan), sync)
     step = cpu_step(args.batch, args.context)

@@ -68,13 +68,16 @@ def prefill_attention(
     v_cache: torch.Tensor,
     block_table: torch.Tensor,
     start: int,
+    cu: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A prompt chunk of C tokens at positions start .. start+C-1 attending causally to the
     whole prefix, whose K/V (this chunk's included) are already in the pages.
 
-    q: [C, n_heads, hd] -> [C, n_heads, hd].
+    q: [C, n_heads, hd] -> [C, n_heads, hd]. cu: `flash_lengths(C, start + C)` on q's device,
+    uploaded with the round's other inputs (see `flash_prefix_attention`).
     """
-    return prefix_attention(q, *gather_tokens(k_cache, v_cache, block_table, start + q.shape[0]))
+    k, v = gather_tokens(k_cache, v_cache, block_table, start + q.shape[0])
+    return prefix_attention(q, k, v, cu)
 
 
 def masked_prefill_attention(
@@ -90,20 +93,34 @@ def masked_prefill_attention(
     return masked_prefix_attention(q, k, v)
 
 
-def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     cu: torch.Tensor | None = None) -> torch.Tensor:
     """q [C, n_heads, hd], the last C positions of k, v [L, kv_heads, hd], causal: flash
     varlen on CUDA (bf16/fp16), masked SDPA elsewhere. Both prefill paths use it: a chunk
-    over the GPU pages, and a Prefill-to-CPU chunk over its GPU staging."""
+    over the GPU pages, and a Prefill-to-CPU chunk over its GPU staging. cu: the flash
+    kernel's lengths (`flash_lengths`), made here when not given."""
     if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-        return flash_prefix_attention(q, k, v)
+        return flash_prefix_attention(q, k, v, cu)
     return masked_prefix_attention(q, k, v)
 
 
-def flash_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def flash_lengths(chunk: int, length: int) -> list[list[int]]:
+    """The flash varlen kernel's cumulative lengths of one sequence: [[0, C], [0, L]]."""
+    return [[0, chunk], [0, length]]
+
+
+def flash_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           cu: torch.Tensor | None = None) -> torch.Tensor:
     """`prefix_attention` through FlashAttention-2's varlen kernel: one sequence, GQA natively,
-    causal from the bottom right (the chunk is the end of the key range)."""
+    causal from the bottom right (the chunk is the end of the key range).
+
+    cu ([2, 2] int32 on q's device) should come with the caller's other inputs: made here,
+    from a host list, it is a blocking copy that drains the stream, once a layer. On the H200
+    box that kept every prefill round's host from running ahead of its GPU (128 stream
+    synchronizations in four rounds of a profiler trace, session 14)."""
     chunk, length = q.shape[0], k.shape[0]
-    cu = torch.tensor([[0, chunk], [0, length]], dtype=torch.int32, device=q.device)
+    if cu is None:
+        cu = torch.tensor(flash_lengths(chunk, length), dtype=torch.int32, device=q.device)
     return torch.ops.aten._flash_attention_forward(
         q.contiguous(), k.contiguous(), v.contiguous(), cu[0], cu[1], chunk, length, 0.0, True,
         False)[0]

@@ -18,16 +18,21 @@ forward's `copies` (and `copies_done()`) report when the last layer landed.
 
 On CUDA: RMSNorm, q/k-norm + RoPE + the paged K/V store and SiLU-and-multiply run as fused
 Triton kernels (triton_ops.py), decode attention is the Triton paged kernel (triton_decode.py),
-prefill attention is SDPA over the gathered prefix, and decode-only batches replay per-stage
-CUDA graphs captured once per (batch, table width) bucket. On the CPU device (the tests) the
-stages are model.py's own and attention is attention.py's reference.
+prefill attention is FlashAttention-2's varlen kernel over the gathered prefix, decode-only
+batches replay per-stage CUDA graphs captured once per (batch, table width) bucket, and rounds
+with prefill chunks replay per-layer graphs of their dense stages, one set per token bucket,
+with attention run eagerly between them. A round's inputs go up as one non-blocking copy. On
+the CPU device (the tests) the stages are model.py's own and attention is attention.py's
+reference.
 """
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -55,6 +60,7 @@ class _Chunk:
     to_cpu: bool
     last: bool
     table: torch.Tensor | None = None  # GPU block table (GPU-bound chunks), set by prepare
+    cu: torch.Tensor | None = None  # the flash kernel's lengths on the device, set by prepare
 
 
 @dataclass
@@ -73,6 +79,7 @@ class Batch:
     gpu_blocks: set[int] = field(default_factory=set)  # HBM blocks read or written
     swapped_in: bool = False  # a decode was swapped in this round
     n_ext: int = 0  # trailing decode rows whose attention is computed elsewhere (NEO's CPU)
+    padded: bool = False  # rows may pad a graph's bucket: slot -1, never sampled
     cos: torch.Tensor | None = None  # [T, hd/2] fp32 (fused path)
     sin: torch.Tensor | None = None
 
@@ -170,6 +177,10 @@ def _bucket(n: int, sizes: tuple[int, ...]) -> int:
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 _TABLE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+# A chunked round's tokens, padded up to one of these: every 32 to 1,024, every 64 to 2,048,
+# every 256 to 8,192 (the scheduler's hard cap), so a pad adds at most 6 % of dense work.
+_TOKEN_BUCKETS = (tuple(range(32, 1025, 32)) + tuple(range(1088, 2049, 64))
+                  + tuple(range(2304, 8193, 256)))
 _WARM_GRAPHS = 128  # at most this many decode graphs captured before the clock
 _WARM_FREE_BYTES = 4 << 30  # and only while this much GPU memory stays free
 
@@ -198,9 +209,13 @@ class GpuExecutor:
         max_graphs: int = 32,
         triton_decode: bool | None = None,
         rank: int = 0,
+        chunked_graphs: bool | None = None,
     ) -> None:
         """rank: this executor's tensor-parallel rank (its model and pool hold its heads);
-        a Dense Assist's attention output holds every rank's heads, and it takes its own."""
+        a Dense Assist's attention output holds every rank's heads, and it takes its own.
+        chunked_graphs: rounds with prefill chunks replay per-layer graphs of their dense
+        stages (`_ChunkedGraphs`); by default with CUDA graphs and the fused kernels, on one
+        GPU (a rank's captures would hold collectives that its peers must capture alike)."""
         self.model = model
         self.rank = rank
         self.shape = model.shape
@@ -217,6 +232,11 @@ class GpuExecutor:
             else triton_decode
         self.cuda_graphs = self.cuda if cuda_graphs is None else cuda_graphs
         self.max_graphs = max_graphs
+        if chunked_graphs is None:
+            chunked_graphs = self.cuda_graphs and self.cuda and self.fused and not model.sharded
+        self.chunked_buckets = 0  # chunked-round buckets captured in the warm-up
+        self.chunked: _ChunkedGraphs | None = \
+            _ChunkedGraphs(self, capture=self.cuda) if chunked_graphs else None
         self._graphs: OrderedDict[tuple[int, int], _DecodeGraph] = OrderedDict()
         self.graph_captures = 0  # decode graphs captured on first use (in a round, not warm-up)
         self.copies: CopyGroup = CopyGroup()  # the last forward's Prefill-to-CPU copies
@@ -301,34 +321,45 @@ class GpuExecutor:
         return self._tensors(self._flatten(plan, external))
 
     def _tensors(self, f: _Flat) -> Batch:
-        dev, bs = self.device, self.pool.block_size
-        for c in f.chunks:
-            if not c.to_cpu:
-                c.table = torch.tensor(c.blocks[: -(-(c.start + c.n) // bs)], dtype=torch.int64,
-                                       device=dev)
+        """The round's inputs on the model's device, as one pinned buffer copied without
+        blocking. A `torch.tensor(..., device="cuda")` per input is a blocking copy that
+        drains the stream: the host could not issue this round while the last one ran."""
+        bs = self.pool.block_size
         width = max((len(t) for t in f.tables), default=1)
-        table = torch.zeros(len(f.tables), width, dtype=torch.int32)
+        table = [0] * (len(f.tables) * width)
         for i, t in enumerate(f.tables):
-            table[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
-        rows = None
-        if len(f.sample_rows) != len(f.ids):
-            rows = torch.tensor(f.sample_rows, dtype=torch.int64, device=dev)
+            table[i * width:i * width + len(t)] = t
+        sampled = len(f.sample_rows) != len(f.ids)
+        parts = [f.ids, f.pos, f.slots, f.lens, f.sample_rows if sampled else [], table]
+        for c in f.chunks:
+            length = c.start + c.n
+            parts.append([] if c.to_cpu else c.blocks[: -(-length // bs)])
+            parts.append([x for pair in ref_attn.flash_lengths(c.n, length) for x in pair])
+        host = torch.tensor([x for part in parts for x in part], dtype=torch.int64)
+        dev = host.pin_memory().to(self.device, non_blocking=True) if self.cuda else host
+        views, at = [], 0
+        for part in parts:
+            views.append(dev[at:at + len(part)])
+            at += len(part)
+        ids, pos, slots, lens, rows, tab, *per_chunk = views
+        for c, c_table, cu in zip(f.chunks, per_chunk[::2], per_chunk[1::2], strict=True):
+            c.cu = cu.to(torch.int32).view(2, 2)
+            if not c.to_cpu:
+                c.table = c_table
         return Batch(
-            ids=torch.tensor(f.ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(f.pos, dtype=torch.int64, device=dev),
-            slots=torch.tensor(f.slots, dtype=torch.int64, device=dev),
+            ids=ids,
+            positions=pos,
+            slots=slots,
             n_dec=f.n_dec,
-            block_tables=table.to(dev),
-            context_lens=torch.tensor(f.lens, dtype=torch.int32, device=dev),
+            block_tables=tab.to(torch.int32).view(len(f.tables), width),
+            context_lens=lens.to(torch.int32),
             chunks=f.chunks,
-            sample_rows=rows,
+            sample_rows=rows if sampled else None,
             sample_req_ids=f.sample_ids,
             gpu_blocks=f.gpu_blocks,
             swapped_in=f.swapped_in,
             n_ext=f.n_ext,
         )
-
-    # ================================================================ migrations
 
     def round_of(self, plan: GpuPlan, moves: BlockMoves | None = None) -> Round:
         """A committed plan as plain data, its swaps the block moves the core's commit
@@ -373,6 +404,10 @@ class GpuExecutor:
         f = rnd.flat
         if self.cuda_graphs and self.cuda and f.n_dec and not f.chunks:
             fw = self._graph_forward(f)
+        elif self.chunked is not None and f.chunks and not f.n_ext \
+                and len(f.ids) <= _TOKEN_BUCKETS[-1]:
+            fw = self.chunked.forward(f, self._tensors(f))
+            self.copies = fw.copies
         else:
             batch = self._tensors(f)
             state = ForwardState()
@@ -425,18 +460,22 @@ class GpuExecutor:
         self.last_forward = fw
         return fw.result()
 
-    def warm_up(self, max_rows: int = 1, max_context: int = 0) -> tuple[float, int]:
+    def warm_up(self, max_rows: int = 1, max_context: int = 0, max_tokens: int = 0
+                ) -> tuple[float, int]:
         """Compile and capture, before the clock starts, what serving would otherwise pay for
         on first use: the Triton kernels of every stage (RMSNorm, QKV+RoPE, SwiGLU, paged
         decode and the split merge for each split-count bucket), the prefill and
         Prefill-to-CPU paths, and the decode graphs of every bucket a run with at most
-        `max_rows` decoding requests of at most `max_context` tokens can reach. On the H200 box
+        `max_rows` decoding requests of at most `max_context` tokens can reach, and the
+        chunked rounds' graphs of every bucket up to `max_tokens` a round. On the H200 box
         the first round of a cold run took 3.4 s and cold decode buckets up to 0.66 s; with
         only one graph warmed, each bucket's first round took 45-160 ms for its capture, some
         20 rounds a run (docs/validation). Uses block 0.. of each pool (overwritten before
         anyone reads them) and request ids below zero. Returns the seconds it took and the
-        number of decode graphs it captured."""
+        number of decode graphs it captured (`chunked_buckets` counts the chunked rounds')."""
         start = time.perf_counter()
+        if self.chunked is not None and max_tokens:
+            self.chunked.reserve(max_tokens)  # before the prefill below captures a bucket
         bs = self.pool.block_size
         n = min(4 * bs, self.pool.n_blocks * bs - 1)  # prompt tokens, +1 decoded
         reqs = []
@@ -462,6 +501,8 @@ class GpuExecutor:
                 self.tokens.remove(r.req_id)
         self.warm_kernels()
         graphs = self.warm_graphs(max_rows, max_context)
+        if self.chunked is not None and max_tokens:
+            self.chunked_buckets = self.chunked.warm(max_tokens)
         self.graph_captures = 0  # from here on, a capture is one a round paid for
         return time.perf_counter() - start, graphs
 
@@ -558,8 +599,12 @@ class GpuExecutor:
     def _pre_layer(self, b: Batch, st: ForwardState) -> None:
         st.hidden = self.model.pre_layer(b.ids)
         if self.fused:
-            freqs = b.positions.float()[:, None] * self.model.rope.inv_freq[None, :]
-            b.cos, b.sin = freqs.cos(), freqs.sin()
+            b.cos, b.sin = self._rope_tables(b.positions)
+
+    def _rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's cos and sin [T, hd/2] of the rows' positions (the fused kernels' input)."""
+        freqs = positions.float()[:, None] * self.model.rope.inv_freq[None, :]
+        return freqs.cos(), freqs.sin()
 
     def _post_layer(self, b: Batch, st: ForwardState) -> None:
         h = st.hidden if b.sample_rows is None else st.hidden.index_select(0, b.sample_rows)
@@ -589,7 +634,7 @@ class GpuExecutor:
             v = qkv[:, s.q_dim + s.kv_dim:].view(-1, s.n_kv_heads, s.head_dim)
             return q, k, v
         q, k, v = self.model.pre_attn(layer, h, b.positions)
-        if b.n_ext or any(c.to_cpu for c in b.chunks):
+        if b.n_ext or b.padded or any(c.to_cpu for c in b.chunks):
             keep = b.slots >= 0
             self.pool.write(layer, b.slots[keep], k[keep], v[keep])
         else:
@@ -607,9 +652,10 @@ class GpuExecutor:
         return h + reduce(lw.down(triton_ops.silu_mul(lw.gate_up(x))))
 
     def _attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   b: Batch, copies: CopyGroup) -> torch.Tensor:
+                   b: Batch, copies: CopyGroup, out: torch.Tensor | None = None
+                   ) -> torch.Tensor:
         kc, vc = self.pool.layer(layer)
-        o = torch.empty_like(q)
+        o = torch.empty_like(q) if out is None else out
         d = b.n_dec
         if d:
             if self.triton_decode:
@@ -623,7 +669,7 @@ class GpuExecutor:
         for c in b.chunks:
             rows = slice(c.row0, c.row0 + c.n)
             if not c.to_cpu:
-                o[rows] = ref_attn.prefill_attention(q[rows], kc, vc, c.table, c.start)
+                o[rows] = ref_attn.prefill_attention(q[rows], kc, vc, c.table, c.start, c.cu)
             else:
                 o[rows] = self._to_cpu_chunk(layer, q[rows], k[rows], v[rows], c, copies)
         return o
@@ -646,7 +692,7 @@ class GpuExecutor:
             kf, vf = torch.cat([kp, k]), torch.cat([vp, v])
         else:
             kf, vf = k, v
-        out = ref_attn.prefix_attention(q, kf, vf)
+        out = ref_attn.prefix_attention(q, kf, vf, c.cu)
         # whole pages from the first page this chunk touches to its last one, K and V stacked
         # and put in host-id order for few large DMAs
         first, last = c.start // bs, (c.start + c.n - 1) // bs
@@ -778,6 +824,21 @@ class GpuExecutor:
                                    greedy(self._cpu_sampled(self.model.post_layer(h))), out)
 
 
+@contextmanager
+def no_collection() -> Iterator[None]:
+    """Python's garbage collector held off while CUDA graphs are captured. A collection that
+    frees another graph mid-capture resets it, which CUDA forbids while a stream captures:
+    on the H200 box that aborted the process (the tests' executors of earlier cases). Each
+    capture collects first (`torch.cuda.graph` does), so nothing is left waiting."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class _DecodeGraph:
     """Per-stage CUDA graphs of a decode-only batch of a fixed (rows, table width) bucket.
 
@@ -808,7 +869,7 @@ class _DecodeGraph:
         self.graphs: list[torch.cuda.CUDAGraph] = []
         for f in fns:
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.mempool):
+            with torch.cuda.graph(g, pool=self.mempool), no_collection():
                 f()
             self.graphs.append(g)
         self.host = torch.empty(4 * rows + rows * width, dtype=torch.int64, pin_memory=True)
@@ -856,3 +917,160 @@ class _DecodeGraph:
 
         return Forward(stages, finish, self.state, CopyGroup(), d)
 
+
+
+class _ChunkedGraphs:
+    """Per-layer CUDA graphs of the dense stages of rounds with prefill chunks, one set per
+    bucket of the round's tokens (`_TOKEN_BUCKETS`). Attention runs eagerly between them: its
+    work depends on every chunk's length and context.
+
+    Run eagerly, such a round was host-bound on the H200 box: 19 ms of kernels in a 32.5 ms
+    round of a 512-token chunk and 64 decodes (session 14), and 20 ms slower again beside a
+    busy CPU engine, whose threads slow the host. A layer here is two replays and the
+    attention kernels.
+
+    Every bucket's graphs share one memory pool and one set of static buffers, sized for the
+    largest bucket: each value that crosses a graph boundary (the hidden states, q, k, v, the
+    attention output, RoPE's cos and sin) lives in those buffers, so the pool holds scratch
+    only and the buckets' replays may come in any order. Pad rows have slot -1 (nothing
+    stored) and are not sampled. capture=False calls the same stages without graphs (the CPU
+    tests run the padding and the buffers that way)."""
+
+    def __init__(self, ex: GpuExecutor, capture: bool = True) -> None:
+        self.ex, self.capture = ex, capture
+        self._n = 0  # rows the buffers hold, grown to the largest bucket used
+        self.ids = self.positions = self.slots = self.hidden = torch.empty(0)
+        self.q = self.k = self.v = self.o = self.cos = self.sin = torch.empty(0)
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.stages: dict[int, list[Callable[[], None]]] = {}
+        self._graphs: list[torch.cuda.CUDAGraph] = []
+        self._dtype, self._dev, self._shape = ex.model.w.embed.dtype, ex.device, ex.shape
+
+    def _grow(self, rows: int) -> None:
+        """Buffers for `rows` tokens; growing them drops the graphs captured over the old."""
+        if rows <= self._n:
+            return
+        self.release()
+        s, dev, dt = self._shape, self._dev, self._dtype
+        self._n = rows
+        self.ids = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.slots = torch.full((rows,), -1, dtype=torch.int64, device=dev)
+        self.hidden = torch.zeros(rows, s.hidden_size, dtype=dt, device=dev)
+        self.q = torch.zeros(rows, s.n_heads, s.head_dim, dtype=dt, device=dev)
+        self.o = torch.zeros(rows, s.n_heads, s.head_dim, dtype=dt, device=dev)
+        self.k = torch.zeros(rows, s.n_kv_heads, s.head_dim, dtype=dt, device=dev)
+        self.v = torch.zeros(rows, s.n_kv_heads, s.head_dim, dtype=dt, device=dev)
+        self.cos = torch.zeros(rows, s.head_dim // 2, dtype=torch.float32, device=dev)
+        self.sin = torch.zeros(rows, s.head_dim // 2, dtype=torch.float32, device=dev)
+
+    def release(self) -> None:
+        """Drop every bucket's graphs. Their pool goes with the last of them, so the next
+        captures take a fresh one (capturing into a released pool trips the CUDA caching
+        allocator's use-count assertion: seen on the H200 box, a run's warm-up)."""
+        for g in self._graphs:
+            g.reset()
+        self._graphs.clear()
+        self.stages.clear()
+        if self.capture:
+            self.pool = torch.cuda.graph_pool_handle()
+
+    def reserve(self, max_tokens: int) -> None:
+        """Buffers for rounds of up to `max_tokens` tokens, before anything is captured over
+        smaller ones (growing later drops and captures again)."""
+        self._grow(_bucket(min(max_tokens, _TOKEN_BUCKETS[-1]), _TOKEN_BUCKETS))
+
+    def warm(self, max_tokens: int) -> int:
+        """Capture every bucket up to `max_tokens` (before the clock); returns how many."""
+        self.reserve(max_tokens)
+        keys = [b for b in _TOKEN_BUCKETS if b <= _bucket(max_tokens, _TOKEN_BUCKETS)]
+        for tb in keys:
+            self._stages(tb)
+        return len(keys)
+
+    def _dense(self, tb: int) -> list[Callable[[], None]]:
+        """[embed, (qkv, post) per layer] over the first `tb` rows of the buffers."""
+        ex = self.ex
+        b = Batch(self.ids[:tb], self.positions[:tb], self.slots[:tb], 0,
+                  torch.empty(0), torch.empty(0), [], None, [], padded=True,
+                  cos=self.cos[:tb], sin=self.sin[:tb])
+        h, q, k, v, o = (t[:tb] for t in (self.hidden, self.q, self.k, self.v, self.o))
+
+        def embed() -> None:
+            h.copy_(ex.model.pre_layer(b.ids))
+            if ex.fused:
+                for dst, src in zip((b.cos, b.sin), ex._rope_tables(b.positions), strict=True):
+                    dst.copy_(src)
+
+        fns: list[Callable[[], None]] = [embed]
+        for layer in range(ex.model.n_layers):
+            def qkv(layer: int = layer) -> None:
+                for dst, src in zip((q, k, v), ex._pre_attn(layer, h, b), strict=True):
+                    dst.copy_(src)
+
+            def post(layer: int = layer) -> None:
+                h.copy_(ex._post_attn(layer, o.view(tb, -1), h))
+
+            fns += [qkv, post]
+        return fns
+
+    def _stages(self, tb: int) -> list[Callable[[], None]]:
+        fns = self.stages.get(tb)
+        if fns is not None:
+            return fns
+        self._grow(tb)
+        fns = self._dense(tb)
+        if self.capture:
+            dev = self._dev
+            self.slots.fill_(-1)  # the warm-up run below must store nothing into the pages
+            side = torch.cuda.Stream(device=dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):  # Triton compiles, cuBLAS picks its kernels
+                for f in fns:
+                    f()
+            torch.cuda.current_stream(dev).wait_stream(side)
+            torch.cuda.synchronize(dev)
+            graphs = []
+            for f in fns:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=self.pool), no_collection():
+                    f()
+                graphs.append(g)
+            self._graphs += graphs
+            fns = [g.replay for g in graphs]
+        self.stages[tb] = fns
+        return fns
+
+    def forward(self, f: _Flat, batch: Batch) -> Forward:
+        """The round `f` (its eager inputs `batch`) as stage tasks."""
+        ex, t = self.ex, len(f.ids)
+        tb = _bucket(t, _TOKEN_BUCKETS)
+        dense = self._stages(tb)
+        q, k, v, o = (x[:t] for x in (self.q, self.k, self.v, self.o))
+        st, copies = ForwardState(), CopyGroup()
+
+        def load_and_embed() -> None:
+            self.ids[:t].copy_(batch.ids)
+            self.positions[:t].copy_(batch.positions)
+            self.slots[:t].copy_(batch.slots)
+            self.slots[t:tb].fill_(-1)
+            dense[0]()
+
+        def layer_stage(layer: int) -> Callable[[], None]:
+            def run() -> None:
+                dense[1 + 2 * layer]()
+                ex._attention(layer, q, k, v, batch, copies, out=o)
+                dense[2 + 2 * layer]()
+            return run
+
+        def post_layer() -> None:
+            st.hidden = self.hidden[:t]
+            ex._post_layer(batch, st)
+
+        stages = [load_and_embed] + [layer_stage(i) for i in range(ex.model.n_layers)]
+        stages.append(post_layer)
+
+        def finish() -> dict[int, int]:
+            return dict(zip(batch.sample_req_ids, st.tokens.tolist(), strict=True))
+
+        return Forward(stages, finish, st, copies, len(batch.sample_req_ids))

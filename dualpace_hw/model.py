@@ -214,6 +214,7 @@ class Model:
         self.device = weights.embed.device
         self.rope = Rope(shape, self.device)
         self.reduce = reduce or (lambda t: t)
+        self.sharded = reduce is not None  # one tensor-parallel rank's shard
 
     @property
     def n_layers(self) -> int:

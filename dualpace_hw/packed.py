@@ -286,4 +286,4 @@ def pack_model(model: Model, keep_plain: bool = False,
             on_layer(i, layers[-1])
     packed = ModelWeights(embed=w.embed, layers=layers, final_norm=w.final_norm,
                           lm_head=pk(w.lm_head))
-    return Model(model.shape, packed, model.reduce)
+    return Model(model.shape, packed, model.reduce if model.sharded else None)

@@ -214,6 +214,7 @@ class RunStats:
     wall_s: float = 0.0
     warm_up_s: float = 0.0  # before the clock started
     graphs_warmed: int = 0  # decode graphs captured in the warm-up
+    chunked_buckets_warmed: int = 0  # chunked rounds' token buckets captured in the warm-up
     graph_captures: int = 0  # decode graphs captured on first use, on the clock (rounds paid)
     routes: dict[str, int] = field(default_factory=dict)
 
@@ -261,6 +262,7 @@ class Engines:
         self.accepting = False
         self.scheduled = len(self.requests)  # the scenario's arrivals (the load generator's)
         self.warm_for: tuple[int, int] | None = None  # (rows, context) to warm up for, serving
+        self.round_tokens = 0  # the most tokens a GPU round carries (the chunked graphs' warm-up)
         self.started = threading.Event()  # the clock runs and `submit_now` may be called
         self._submit = None  # the core's submit, once the run has started
         self.sampler = Sampler()  # served requests that sample (the rest are greedy)
@@ -411,7 +413,9 @@ class Engines:
         # First-use compiles and graph captures, off the clock.
         self.stats.warm_up_s, self.stats.graphs_warmed = self.gpu.warm_up(*self.warm_for or (
             min(len(self.requests), self.gpu.pool.n_blocks),  # a decoding request holds a block
-            max((r.prompt_tokens + r.max_tokens for r in self.requests), default=0)))
+            max((r.prompt_tokens + r.max_tokens for r in self.requests), default=0)),
+            self.round_tokens)
+        self.stats.chunked_buckets_warmed = self.gpu.chunked_buckets
         interval = sys.getswitchinterval()
         sys.setswitchinterval(0.0005)  # bound a GIL hand-off to 0.5 ms instead of 5 ms
         self.t0 = time.perf_counter()
@@ -456,6 +460,7 @@ class DualPaceRuntime(Engines):
         self.state = EngineState(config)
         self.states = StateLog(state_reader(self.state))
         self.gpu_sched, self.cpu_sched = GpuScheduler(self.state), CpuScheduler(self.state)
+        self.round_tokens = config.gpu_batch_tokens
         self.stage_mode = assist_reachable(config.largest_cpu_batch, config.route_f)
         self.channel = AssistServer(cpu_engine.assist, self)
         self.cpu_engine = cpu_engine
@@ -613,6 +618,7 @@ class VllmRuntime(Engines):
     def __init__(self, specs: Sequence, config: VllmConfig, gpu: GpuEngine) -> None:
         super().__init__(specs, config.block_size, gpu.shape.vocab_size)
         self.sched = VllmScheduler(config)
+        self.round_tokens = config.max_num_batched_tokens
         self.states = StateLog(state_reader(self.sched))
         self.gpu = gpu.build(self.tokens)
         self.gpu.sampler = self.sampler

@@ -131,6 +131,8 @@ REAL_ENGINE: list[Row] = [
     ("wall_s", "s", "the run's length on the engines' clock"),
     ("warm_up_s", "s", "warm-up before the clock started (graph captures, kernels)"),
     ("graphs_warmed", "graphs", "decode CUDA graphs captured in the warm-up"),
+    ("chunked_buckets_warmed", "buckets",
+     "token buckets of the chunked rounds' layer graphs captured in the warm-up"),
     ("graph_captures", "graphs", "decode CUDA graphs captured on first use, on the clock"),
     ("routes", "", "CPU rounds per route (Full-CPU, Split-Final, Fused-Assist)"),
     ("launch_s", "s", "NEO: the per-layer launch term its predictor decided with"),

@@ -146,7 +146,7 @@ def test_sim_vs_real_rounds_are_the_documented_ones(azure_dir):
     out = run("sim_vs_real_rounds.py", "--scenario",
               "scenarios/h200/cpu-busy/llama-3.1-8b-w2-r3.yaml", "--real",
               "docs/validation/cpu-busy/w2-r3/real", "--costs",
-              "calibration/h200-spr16/llama-3.1-8b.yaml",
+              "docs/validation/cpu-busy/w2-r3/real/profile.yaml",
               env={"DUALPACE_AZURE_DIR": str(azure_dir)})
     assert re.search(r"256-1,023, to CPU\s+43\s+30\.9\s+38\s+66\.1\s+27\.5", out), out
     assert re.search(r"CPU busy, to CPU\s+129\s+1\.00", out), out
@@ -159,7 +159,7 @@ def test_prefill_excess_is_the_documented_one(azure_dir):
     out = run("prefill_excess.py", "--scenario",
               "scenarios/h200/cpu-busy/llama-3.1-8b-sustained-r5.yaml", "--real",
               "docs/validation/cpu-busy/sustained-r5/real", "--costs",
-              "calibration/h200-spr16/llama-3.1-8b.yaml",
+              "docs/validation/cpu-busy/sustained-r5/real/profile.yaml",
               env={"DUALPACE_AZURE_DIR": str(azure_dir)})
     assert "prefill rounds (eager): 448; excess = 9.21 ms + 0.661 ms a assist" in out, out
     assert re.search(r"0-0\.5\s+50\s+0\.00\s+1\.48", out), out

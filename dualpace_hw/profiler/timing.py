@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..gpu_executor import no_collection
+
 
 @dataclass(frozen=True)
 class Protocol:
@@ -58,7 +60,7 @@ class Timer:
                     fn()
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph), no_collection():
                 fn()
         except RuntimeError:
             torch.cuda.synchronize(self.device)

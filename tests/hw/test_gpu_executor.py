@@ -46,7 +46,8 @@ class Box:
     """What the core and the runtime would hold: block pools, pools, a token store."""
 
     def __init__(self, name: str, device: str, dtype: torch.dtype, graphs: bool | None = None,
-                 gpu_blocks: int = 48, host_blocks: int = 48, seed: int = 1) -> None:
+                 gpu_blocks: int = 48, host_blocks: int = 48, seed: int = 1,
+                 chunked: bool | None = None) -> None:
         self.shape = ModelShape.from_name(name)
         self.device = device
         self.model = Model(self.shape, ModelWeights.random(self.shape, seed=seed, device=device,
@@ -58,7 +59,7 @@ class Box:
         self.host = BlockPool("host", host_blocks)
         self.tokens = TokenStore()
         self.ex = GpuExecutor(self.model, self.pool, self.tokens, self.host_pool,
-                              cuda_graphs=graphs)
+                              cuda_graphs=graphs, chunked_graphs=chunked)
         self.reqs: dict[int, Request] = {}
         self.logits: dict[int, list[torch.Tensor]] = {}
         self.t = 0.0
@@ -196,6 +197,100 @@ def test_cuda_graph_decodes_equal_eager_decodes(device):
         assert a.tokens.ids(req_id) == b.tokens.ids(req_id)
         got, ref = torch.stack(a.logits[req_id]), torch.stack(b.logits[req_id])
         assert rel_err(got, ref) < 1e-4
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
+def test_chunked_rounds_through_the_layer_graphs_equal_eager_rounds(name, device):
+    """Rounds with prefill chunks run padded to a token bucket over the static buffers (their
+    dense stages captured as graphs on CUDA, called as they are on the CPU): the same tokens
+    and logits as the eager rounds, and the dense reference's."""
+    for dtype in dtypes(device):
+        a = Box(name, device, dtype, chunked=True)
+        b = Box(name, device, dtype, graphs=False, chunked=False)
+        mixed_schedule(a)
+        mixed_schedule(b)
+        assert a.ex.chunked is not None and sorted(a.ex.chunked.stages) == [32]
+        assert b.ex.chunked is None
+        check_against_reference(a, dtype)
+        for req_id in PROMPTS:
+            assert a.tokens.ids(req_id) == b.tokens.ids(req_id)
+            got, ref = torch.stack(a.logits[req_id]), torch.stack(b.logits[req_id])
+            assert rel_err(got, ref) <= tol(dtype, device)
+
+
+def test_a_chunked_rounds_pad_rows_store_nothing_into_the_pages(device):
+    """A 7-token round padded to 32 rows writes the K/V of its 7 slots and no other."""
+    box = Box("tiny-llama", device, torch.float32, chunked=True)
+    r = box.add(1, PROMPTS[2])
+    plan = box.plan([], [box.chunk(r, 7)])
+    before = box.pool.data.clone()
+    box.run(plan)
+    changed = (box.pool.data != before).flatten(3).any(-1)  # [layers, K|V, block, kv head]
+    written = {b for b in r.blocks}
+    for blk in range(box.pool.n_blocks):
+        assert bool(changed[:, :, blk].any()) == (blk in written), f"block {blk}"
+    # the next chunked round, 5 tokens after 7 padded rows, reads nothing stale
+    r2 = box.add(2, PROMPTS[3])
+    box.run(box.plan([r], [box.chunk(r2, 5)]))
+    check_against_reference(box, torch.float32)
+
+
+def test_the_chunked_buffers_grow_to_the_largest_bucket_and_keep_their_rounds_exact(device):
+    """A round past the first bucket grows the static buffers (the graphs over the old ones
+    are dropped and captured again), and every round still equals the eager one."""
+    a = Box("tiny-llama", device, torch.float32, chunked=True, gpu_blocks=64)
+    b = Box("tiny-llama", device, torch.float32, graphs=False, chunked=False, gpu_blocks=64)
+    for box in (a, b):
+        small, big = box.add(1, list(range(1, 12))), box.add(2, list(range(40, 80)))
+        box.run(box.plan([], [box.chunk(small, 11)]))  # bucket 32
+        box.run(box.plan([small], [box.chunk(big, 40)]))  # 41 rows: bucket 64
+        box.run(box.plan([small, big], [box.chunk(box.add(3, [5, 6, 7]), 3)]))  # 32 again
+    assert sorted(a.ex.chunked.stages) == [32, 64]
+    for req_id in (1, 2, 3):
+        assert a.tokens.ids(req_id) == b.tokens.ids(req_id)
+        assert rel_err(torch.stack(a.logits[req_id]), torch.stack(b.logits[req_id])) <= 1e-5
+
+
+def test_the_warm_up_captures_the_chunked_buckets_a_run_reaches_and_rounds_stay_exact(device):
+    """`warm_up(max_tokens=...)` sizes the buffers first and captures every bucket up to the
+    run's round size (its own prefill included), and a later round, a capture on first use
+    past them and a regrowth keep the eager rounds' tokens."""
+    a = Box("tiny-llama", device, torch.float32, chunked=True, gpu_blocks=64)
+    b = Box("tiny-llama", device, torch.float32, graphs=False, chunked=False, gpu_blocks=64)
+    a.ex.warm_up(2, 64, max_tokens=64)
+    assert a.ex.chunked_buckets == 2 and sorted(a.ex.chunked.stages) == [32, 64]
+    for box in (a, b):
+        small, big = box.add(1, list(range(1, 12))), box.add(2, list(range(40, 110)))
+        box.run(box.plan([], [box.chunk(small, 11)]))
+        box.run(box.plan([small], [box.chunk(big, 70)]))  # 71 rows: past the warmed buckets
+    assert 96 in a.ex.chunked.stages
+    for req_id in (1, 2):
+        assert a.tokens.ids(req_id) == b.tokens.ids(req_id)
+
+
+def test_a_prefill_round_issues_its_stages_without_waiting_for_the_gpu(device):
+    """No stage of a round with a chunk (chunked graphs or eager) synchronizes with the GPU:
+    its inputs go up as one pinned, non-blocking copy and the flash kernel's lengths with
+    them. A blocking upload a layer kept the host from running ahead of the GPU (128 stream
+    synchronizations in four prefill rounds on the H200 box)."""
+    if device == "cpu":
+        pytest.skip("stream synchronization is CUDA's")
+    for chunked in (True, False):
+        box = Box("tiny-llama", device, torch.bfloat16, chunked=chunked)
+        r, other = box.add(1, PROMPTS[4]), box.add(2, PROMPTS[2])
+        box.run(box.plan([], [box.chunk(other, 7)]))
+        box.run(box.plan([other], [box.chunk(r, 6)]))  # captures the bucket, off the check
+        r3 = box.add(3, PROMPTS[1])
+        plan = box.plan([other, r], [box.chunk(r3, 8)])
+        fw = box.ex.stages(plan)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for stage in fw:
+                stage()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        box.apply(plan, fw.result())
 
 
 @pytest.mark.parametrize("name,scatter", [("tiny-llama", False), ("tiny-qwen3", False),
