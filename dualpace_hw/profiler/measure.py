@@ -332,10 +332,19 @@ class Measurer:
         return self.cpu_t.wall(lambda: ex.prepare(plan))
 
     def eager_layer(self) -> float:
-        """The floor of a layer run without CUDA graphs, as batches with prefill chunks are:
-        a small mixed batch (one 64-token chunk, 8 decodes) through the executor's layer,
+        """The floor of a layer of a batch with prefill chunks, as the runtime runs one: a
+        small mixed batch (one 64-token chunk, 8 decodes) through the executor's layer stage,
         back to back, so where the GPU is faster than the host this is the host's time to
-        issue the layer's kernels (the stage tables are graph replays and leave it out)."""
+        issue the layer (the stage tables are graph replays and leave it out). On one CUDA
+        GPU the stage replays the chunked rounds' layer graphs around eager attention;
+        eagerly elsewhere. Measured eagerly on the H200 box it was 0.54 ms a layer, and
+        served chunked rounds with the CPU engine idle came out 13 ms under that floor's
+        price (session 15, docs/validation/analysis/prefill_excess.py)."""
+        return self._eager_layer_of(chunk=True, runtime=True)
+
+    def eager_prefill_layer(self) -> float:
+        """neo.eager_prefill_layer_s: the same batch through the layer eagerly, the floor of
+        a layer of NEO's sub-batches with prefills (SwiftLLM captures no CUDA graphs)."""
         return self._eager_layer_of(chunk=True)
 
     def eager_decode_layer(self) -> float:
@@ -344,7 +353,7 @@ class Measurer:
         captures no CUDA graphs), where vLLM's and DualPace's decode rounds replay graphs."""
         return self._eager_layer_of(chunk=False)
 
-    def _eager_layer_of(self, chunk: bool) -> float:
+    def _eager_layer_of(self, chunk: bool, runtime: bool = False) -> float:
         from ..gpu_executor import GpuExecutor
         from ..migrate import CopyGroup
         from ..tokens import TokenStore
@@ -353,7 +362,13 @@ class Measurer:
         plan = small_mixed_plan(tokens, self.bs, self.gpu_pool.n_blocks)
         if not chunk:
             plan.prefills.clear()
-        ex = GpuExecutor(self.gpu, self.gpu_pool, tokens, cuda_graphs=False)
+        # runtime: the executor as the runtime builds it, its chunked rounds' graphs where it
+        # has them; else eagerly, as NEO runs
+        ex = GpuExecutor(self.gpu, self.gpu_pool, tokens, cuda_graphs=None if runtime else False)
+        if ex.chunked is not None:
+            fw = ex.forward(ex.round_of(plan))
+            fw.stages[0]()  # the inputs loaded, the pre-layer run
+            return self.gpu_t(fw.stages[1])
         batch, state, copies = ex.prepare(plan), ForwardState(), CopyGroup()
         ex._pre_layer(batch, state)
         return self.gpu_t(lambda: ex._layer(0, batch, state, copies))

@@ -204,7 +204,7 @@ def run_profile(opt: Options) -> Profile:
             bar.update()
             return v
 
-        floors: list[tuple[float, float | None, float | None]] = []
+        floors: list[tuple[float, float | None, float | None, float | None]] = []
         overheads: list[float] = []
 
         def sample_floors() -> None:
@@ -215,12 +215,13 @@ def run_profile(opt: Options) -> Profile:
             i = len(floors)
             overheads.append(point(f"iteration_overhead_s|{i}", m.iteration_overhead))
             eager = point(f"gpu.eager_layer_s|{i}", gpu.eager_layer)
-            beside = decode = None
+            beside = decode = prefill = None
             if opt.gpu_tp == 1:
                 beside = point(f"gpu.eager_layer_beside_cpu_s|{i}",
                                lambda: _eager_beside_cpu(opt, m, box_cores, threads))
                 decode = point(f"neo.eager_decode_layer_s|{i}", m.eager_decode_layer)
-            floors.append((eager, beside, decode))
+                prefill = point(f"neo.eager_prefill_layer_s|{i}", m.eager_prefill_layer)
+            floors.append((eager, beside, decode, prefill))
 
         sample_floors()
         for t, (name, xs, ys, measure) in enumerate(tables):
@@ -393,13 +394,13 @@ def _capacities(opt: Options, gpu_device: torch.device) -> tuple[int, int, dict]
 
 def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, poll: float,
               launch: float, overheads: list[float],
-              floors: list[tuple[float, float | None, float | None]],
+              floors: list[tuple[float, float | None, float | None, float | None]],
               threads: int, protocol: Protocol) -> Profile:
     gpu_blocks, host_blocks, params = _capacities(opt, m.gpu_device)
     overhead = statistics.median(overheads)
-    eager = statistics.median(e for e, _, _ in floors)
-    beside = statistics.median(b for _, b, _ in floors) if floors[0][1] is not None else None
-    decode = statistics.median(d for _, _, d in floors) if floors[0][2] is not None else None
+    eager, beside, decode, prefill = (
+        statistics.median(f[i] for f in floors) if floors[0][i] is not None else None
+        for i in range(4))
     prov = box.provenance(m.gpu_device, threads, opt.command, dt.date.today().isoformat())
     prov["quick"] = opt.quick  # `dualpace-sim validate` notes runs priced by a quick profile
     prov["parameters"] = {**params, "warmups": protocol.warmups,
@@ -424,19 +425,20 @@ def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, 
         "building a 64-request decode batch, the median of "
         + ", ".join(f"{x * 1e3:.3f}" for x in overheads) + " ms (sampled with the floors). "
         "gpu.eager_layer_s = one layer of a small mixed "
-        "batch run eagerly, back to back (the host's launch floor of prefill rounds); "
+        "batch as the runtime runs it (its chunked rounds' layer graphs around eager "
+        "attention on one GPU, eagerly under tensor parallelism), back to back (the host's "
+        "floor of prefill rounds); "
         "gpu.eager_layer_beside_cpu_s = the same on the cores the CPU engine leaves, beside a "
         "stand-in CPU engine decoding on the profiled cores (DualPace's floor; not measured "
-        "under GPU tensor parallelism); neo.eager_decode_layer_s = the small batch's 8 "
-        "decodes alone, the same way (the floor of NEO's eagerly run decode sub-batches; "
-        "not measured under GPU tensor parallelism). Each floor is the median of "
+        "under GPU tensor parallelism); neo.eager_prefill_layer_s = the small batch run "
+        "eagerly, and neo.eager_decode_layer_s = its 8 decodes alone, eagerly (the floors "
+        "of NEO's sub-batches, which SwiftLLM runs without CUDA graphs; not measured under "
+        "GPU tensor parallelism). Each floor is the median of "
         f"{len(floors)} measurements at the start, middle and end of the run (the host's "
-        "speed drifts): eager "
-        + ", ".join(f"{e * 1e3:.3f}" for e, _, _ in floors) + " ms"
-        + ("; beside " + ", ".join(f"{b * 1e3:.3f}" for _, b, _ in floors) + " ms"
-           if beside is not None else "")
-        + ("; NEO decode " + ", ".join(f"{d * 1e3:.3f}" for _, _, d in floors) + " ms"
-           if decode is not None else "") + "."
+        "speed drifts): "
+        + "; ".join(label + " " + ", ".join(f"{f[i] * 1e3:.3f}" for f in floors) + " ms"
+                    for i, label in enumerate(("eager", "beside", "NEO decode", "NEO prefill"))
+                    if floors[0][i] is not None) + "."
         + (f" GPU tensor parallel over {opt.gpu_tp} ranks: every GPU table, the assists and "
            "the eager layer were timed on all ranks at once, each with its shard of the layer "
            "(all-reduces included), keeping the slowest rank's time (rank-critical); the link "
@@ -470,6 +472,7 @@ def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, 
         "assist": {"g_p": v["assist.g_p"], "g_lA": v["assist.g_lA"], "g_lS": v["assist.g_lS"],
                    "q": q, "o": o, "poll_s": poll},
         "link": link,
-        "neo": {"launch_s": launch, "eager_decode_layer_s": decode},
+        "neo": {"launch_s": launch, "eager_decode_layer_s": decode,
+                "eager_prefill_layer_s": prefill},
     }
     return Profile.model_validate(data)

@@ -80,6 +80,8 @@ def scalar_comparison(first: Profile, second: Profile
         ("neo.launch_s", first.neo.launch_s, second.neo.launch_s),
         ("neo.eager_decode_layer_s", first.neo.eager_decode_layer_s,
          second.neo.eager_decode_layer_s),
+        ("neo.eager_prefill_layer_s", first.neo.eager_prefill_layer_s,
+         second.neo.eager_prefill_layer_s),
     ]
     return out
 

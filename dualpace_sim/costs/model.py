@@ -182,6 +182,8 @@ class CostModel:
         self.poll_s = profile.assist.poll_s
         self.neo_launch_s = profile.neo.launch_s
         self.neo_eager_decode_layer = profile.neo.eager_decode_layer_s or 0.0
+        prefill = profile.neo.eager_prefill_layer_s
+        self.neo_eager_prefill_layer = self.gpu_eager_layer if prefill is None else prefill
         self._link = profile.link
 
         g, c, a = profile.gpu, profile.cpu, profile.assist
@@ -239,19 +241,20 @@ class CostModel:
             t += self._g_prefill_attn(chunk, context)
         if n_decodes:
             t += self._g_decode_attn(n_decodes, decode_context)
-        if prefills:  # run eagerly (decode-only batches replay graphs): the host may lag
+        if prefills:  # the host issues a chunked round's layers one by one: it may lag
             t = max(t, self.gpu_eager_floor(beside_cpu))
         return t
 
     def gpu_eager_floor(self, beside_cpu: bool = False) -> float:
-        """The host's launch floor of one eagerly run layer (0 where the profile has none)."""
+        """The host's floor of one layer of a round with prefill chunks (0 where the profile
+        has none)."""
         return self.gpu_eager_layer_beside_cpu if beside_cpu else self.gpu_eager_layer
 
     def neo_eager_floor(self, prefills: bool) -> float:
         """The host's launch floor of one layer of a NEO sub-batch, which runs eagerly
         (SwiftLLM captures no CUDA graphs): a mixed batch's with prefills, a decode batch's
         without (0 where the profile has none)."""
-        return self.gpu_eager_layer if prefills else self.neo_eager_decode_layer
+        return self.neo_eager_prefill_layer if prefills else self.neo_eager_decode_layer
 
     def gpu_linear(self, n_tokens: int) -> float:
         """All non-attention work of one layer for `n_tokens` rows (NEO's linr_T)."""

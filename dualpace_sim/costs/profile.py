@@ -198,8 +198,9 @@ class GpuCosts(StrictModel):
                     "runs) rather than the profiler's one-shot timing")
     eager_layer_s: NonNegativeFloat = Field(
         default=0.0,
-        description="host time to issue one layer's kernels without CUDA graphs: a batch "
-                    "with prefill chunks runs eagerly, so its layers take at least this long "
+        description="host time to issue one layer of a batch with prefill chunks as the "
+                    "runtime runs it (its layer graphs around eager attention on one GPU, "
+                    "eagerly under tensor parallelism), so its layers take at least this long "
                     "(the stage tables are graph-replayed GPU times); 0 = no floor")
     eager_layer_beside_cpu_s: NonNegativeFloat | None = Field(
         default=None,
@@ -315,7 +316,13 @@ class NeoCosts(StrictModel):
         description="host time to issue one layer of a decode-only batch without CUDA graphs: "
                     "NEO (SwiftLLM) runs every iteration eagerly, so each sub-batch without "
                     "prefills holds a layer at least this long (one with prefills: "
-                    "gpu.eager_layer_s); none = no floor for those")
+                    "eager_prefill_layer_s); none = no floor for those")
+    eager_prefill_layer_s: NonNegativeFloat | None = Field(
+        default=None,
+        description="host time to issue one layer of a batch with prefill chunks without "
+                    "CUDA graphs, the floor of NEO's sub-batches with prefills (where the "
+                    "runtime's chunked rounds replay layer graphs, gpu.eager_layer_s is "
+                    "theirs); none = gpu.eager_layer_s")
 
 
 class ControlsFit(StrictModel):
@@ -447,7 +454,7 @@ _CONSTANTS = (
     "gpu.iteration_overhead_s", "gpu.eager_layer_s", "gpu.eager_layer_beside_cpu_s",
     "cpu.iteration_overhead_s", "assist.q.p",
     "assist.q.lA", "assist.q.lS", "assist.o.p", "assist.o.lA", "assist.o.lS", "assist.poll_s",
-    "link.latency_s", "neo.launch_s", "neo.eager_decode_layer_s",
+    "link.latency_s", "neo.launch_s", "neo.eager_decode_layer_s", "neo.eager_prefill_layer_s",
 )
 PER_LAYER_MAX_S, PER_LAYER_FIRST_MAX_S = 10.0, 0.1
 WHOLE_MODEL_MAX_S, WHOLE_MODEL_FIRST_MAX_S = 100.0, 1.0

@@ -60,6 +60,7 @@ def test_quick_profile_has_provenance_fits_and_plots(quick_profile):
     assert "gpu.eager_layer_beside_cpu_s" in prov.notes
     # and NEO's decode floor (its iterations run eagerly, decodes included)
     assert profile.neo.eager_decode_layer_s > 0 and "neo.eager_decode_layer_s" in prov.notes
+    assert profile.neo.eager_prefill_layer_s > 0 and "neo.eager_prefill_layer_s" in prov.notes
     # q and o through the runtime's shared control block (handshake.py), not in-process
     assert "shared control block" in prov.notes
     assert min(profile.assist.q.p, profile.assist.q.lA, profile.assist.q.lS) > 0
@@ -247,6 +248,7 @@ def test_gpu_tensor_parallel_profile_times_every_gpu_measurement_on_the_ranks(tm
     assert min(profile.gpu.post_attn.y) > 0 and min(profile.assist.g_lA.y) > 0
     assert profile.gpu.eager_layer_beside_cpu_s is None  # not measured on GPU ranks
     assert profile.neo.eager_decode_layer_s is None  # the real NEO runs on one GPU
+    assert profile.neo.eager_prefill_layer_s is None
     # whole rounds through the runtime's LeadExecutor over the two ranks, less their price
     assert profile.gpu.rank_round is not None and profile.gpu.rank_round.x == [1, 4]
     assert min(profile.gpu.rank_round.y) >= 0 and max(profile.gpu.rank_round.y) > 0
@@ -457,6 +459,8 @@ def test_the_eager_floors_are_the_median_of_the_start_middle_and_end_of_the_run(
 
     monkeypatch.setattr(Measurer, "eager_layer", eager)
     monkeypatch.setattr(Measurer, "eager_decode_layer", lambda self: next(decode))
+    prefill = iter([4e-3, 2e-3, 3e-3])
+    monkeypatch.setattr(Measurer, "eager_prefill_layer", lambda self: next(prefill))
     monkeypatch.setattr(Measurer, "gpu_pre_attn",
                         lambda self, n: order.append("first table") or first_table(self, n))
     monkeypatch.setattr(Measurer, "gpu_decode_attn",
@@ -468,9 +472,9 @@ def test_the_eager_floors_are_the_median_of_the_start_middle_and_end_of_the_run(
         progress=False, calibration=False))
     profile = load_profile(out)
     assert profile.gpu.eager_layer_s == 2e-3 and profile.gpu.eager_layer_beside_cpu_s == 5e-3
-    assert profile.neo.eager_decode_layer_s == 8e-4
+    assert profile.neo.eager_decode_layer_s == 8e-4 and profile.neo.eager_prefill_layer_s == 3e-3
     assert ("eager 3.000, 1.000, 2.000 ms; beside 6.000, 4.000, 5.000 ms; NEO decode 0.900, "
-            "0.700, 0.800 ms") in profile.provenance.notes
+            "0.700, 0.800 ms; NEO prefill 4.000, 2.000, 3.000 ms") in profile.provenance.notes
     assert profile.gpu.iteration_overhead_s == profile.cpu.iteration_overhead_s == 7e-4
     assert "the median of 0.900, 0.500, 0.700 ms" in profile.provenance.notes
     assert not profile.provenance.command and profile.provenance.is_quick()  # from its notes

@@ -53,6 +53,22 @@ def test_each_sub_batch_holds_a_layer_to_its_eager_floor(costs):
         assert executed_layer_s(plan, untouched, plain) == layer_time(plan, untouched)
 
 
+def test_neo_sub_batches_with_prefills_pay_neos_own_eager_floor(costs):
+    """Where the runtime's chunked rounds replay layer graphs, gpu.eager_layer_s is their
+    floor; NEO, which runs eagerly, pays neo.eager_prefill_layer_s (and the runtime's floor
+    where a profile has no NEO one)."""
+    _, floored = costs
+    profile = floored.profile.model_copy(deep=True)
+    profile.neo.eager_prefill_layer_s = 3 * MIXED
+    cost = CostModel(profile)
+    tables = NeoTables(cost)
+    mixed = SubBatch.with_gpu_decodes(decodes(4))
+    mixed.add_prefill(Request.create(9, 0.0, 64, 8, 16), False, tables)
+    assert executed_layer_s(NeoPlan([mixed]), tables, cost) == 3 * MIXED
+    assert cost.gpu_eager_floor() == MIXED  # DualPace's and vLLM's chunked rounds
+    assert floored.neo_eager_floor(prefills=True) == MIXED  # no NEO floor: the runtime's
+
+
 def test_neo_pays_the_decode_floor_and_the_graph_replaying_policies_do_not(write_scenario,
                                                                           costs):
     """Every NEO iteration with a forward takes at least its layers' floors; vLLM's decode
