@@ -17,18 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 
 import torch
-from cpu_independence import BS, beside_fused_assist, cpu_step, gpu_plan
+from cpu_independence import BS, beside_fused_assist, cpu_step, engine_beside, gpu_plan
 
-from dualpace_hw.cpu_worker import CpuEngineProcess
 from dualpace_hw.gpu_executor import GpuExecutor
 from dualpace_hw.kv import PagedKVPool
 from dualpace_hw.model import Model, ModelWeights
-from dualpace_hw.processes import cores_off
 from dualpace_hw.tokens import TokenStore
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs.shapes import ModelShape
@@ -81,14 +78,8 @@ def main() -> None:
     args = ap.parse_args()
     shape, dev = ModelShape.from_name(args.model), torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    cores = sorted(os.sched_getaffinity(0))[-args.cpu_cores:] if args.cpu_cores else None
     weights = ModelWeights.random(shape, seed=0, device=dev)
-    engine = CpuEngineProcess(weights, shape, args.batch * -(-args.context // BS), BS,
-                              max_rows=args.batch, cores=cores)
-    own = cores_off(cores)
-    if own:  # as the runtime's `on_cores` does
-        os.sched_setaffinity(0, own)
-        torch.set_num_threads(len(own))
+    engine = engine_beside(weights, shape, args.batch, args.context, args.cpu_cores)
     step = cpu_step(args.batch, args.context, Route.FUSED_ASSIST)
     out: dict[str, dict[str, float]] = {}
     try:

@@ -153,6 +153,22 @@ def steps_per_s(run_step, steps: int) -> float:
     return 1 / statistics.median(times)
 
 
+def engine_beside(weights: ModelWeights, shape: ModelShape, batch: int, context: int,
+                  cpu_cores: int | None) -> CpuEngineProcess:
+    """A CPU engine process for steps of `batch` rows at `context` tokens on the last
+    `cpu_cores` cores, and this process moved to the rest with as many OpenMP threads, as the
+    runtime's `on_cores` does (the session-14 figures were measured with the default team, a
+    thread per core of the box, on those 2 cores, where the GPU engine's assist copies ran)."""
+    cores = sorted(os.sched_getaffinity(0))[-cpu_cores:] if cpu_cores else None
+    engine = CpuEngineProcess(weights, shape, batch * -(-context // BS), BS, max_rows=batch,
+                              cores=cores)
+    own = cores_off(cores)
+    if own:
+        os.sched_setaffinity(0, own)
+        torch.set_num_threads(len(own))
+    return engine
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="llama-3.1-8b")
@@ -171,17 +187,9 @@ def main() -> None:
     shape = ModelShape.from_name(args.model)
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    cores_all = sorted(os.sched_getaffinity(0))
-    cores = cores_all[-args.cpu_cores:] if args.cpu_cores else None
     weights = ModelWeights.random(shape, seed=0, device=dev)
-    host_blocks = args.batch * -(-args.context // BS)
-    engine = CpuEngineProcess(weights, shape, host_blocks, BS, max_rows=args.batch, cores=cores)
-    own = cores_off(cores)
-    if own:  # the rest, with as many OpenMP threads, as the runtime's `on_cores` does (the
-        # session-14 figures were measured with the default team, a thread per core of the
-        # box, on these 2 cores, where the GPU engine's assist copies ran)
-        os.sched_setaffinity(0, own)
-        torch.set_num_threads(len(own))
+    engine = engine_beside(weights, shape, args.batch, args.context, args.cpu_cores)
+    cores = list(engine.cores) if engine.cores else None
     tokens = TokenStore()
     gpu_blocks = args.gpu_decodes * -(-args.context // BS) + -(-(args.gpu_chunk + 1) // BS)
     ex = GpuExecutor(Model(shape, weights), PagedKVPool(shape, gpu_blocks, BS, device=dev),

@@ -34,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import chain
 
 import torch
 import torch.nn.functional as F
@@ -335,7 +336,7 @@ class GpuExecutor:
             length = c.start + c.n
             parts.append([] if c.to_cpu else c.blocks[: -(-length // bs)])
             parts.append([x for pair in ref_attn.flash_lengths(c.n, length) for x in pair])
-        host = torch.tensor([x for part in parts for x in part], dtype=torch.int64)
+        host = torch.tensor(list(chain.from_iterable(parts)), dtype=torch.int64)
         dev = host.pin_memory().to(self.device, non_blocking=True) if self.cuda else host
         views, at = [], 0
         for part in parts:
@@ -360,6 +361,8 @@ class GpuExecutor:
             swapped_in=f.swapped_in,
             n_ext=f.n_ext,
         )
+
+    # ================================================================ migrations
 
     def round_of(self, plan: GpuPlan, moves: BlockMoves | None = None) -> Round:
         """A committed plan as plain data, its swaps the block moves the core's commit
@@ -839,6 +842,26 @@ def no_collection() -> Iterator[None]:
             gc.enable()
 
 
+def capture_stages(fns: Sequence[Callable[[], None]], device: torch.device, pool
+                   ) -> list[torch.cuda.CUDAGraph]:
+    """One CUDA graph per stage of `fns`, in the shared memory `pool`, after one eager run of
+    them on a side stream (Triton compiles, cuBLAS picks its kernels). Replay them in order."""
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for f in fns:
+            f()
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    graphs = []
+    for f in fns:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool), no_collection():
+            f()
+        graphs.append(g)
+    return graphs
+
+
 class _DecodeGraph:
     """Per-stage CUDA graphs of a decode-only batch of a fixed (rows, table width) bucket.
 
@@ -858,20 +881,8 @@ class _DecodeGraph:
                            [], None, [])
         self.state = ForwardState()
         fns = ex._stage_fns(self.batch, self.state, CopyGroup())
-        side = torch.cuda.Stream(device=dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):  # warm-up: Triton compiles, cuBLAS picks its kernels
-            for f in fns:
-                f()
-        torch.cuda.current_stream(dev).wait_stream(side)
-        torch.cuda.synchronize(dev)
         self.mempool = torch.cuda.graph_pool_handle()
-        self.graphs: list[torch.cuda.CUDAGraph] = []
-        for f in fns:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.mempool), no_collection():
-                f()
-            self.graphs.append(g)
+        self.graphs = capture_stages(fns, dev, self.mempool)
         self.host = torch.empty(4 * rows + rows * width, dtype=torch.int64, pin_memory=True)
         self.h2d_done: torch.cuda.Event | None = None
 
@@ -916,7 +927,6 @@ class _DecodeGraph:
             return dict(zip(b.sample_ids, self.state.tokens[:d].tolist(), strict=True))
 
         return Forward(stages, finish, self.state, CopyGroup(), d)
-
 
 
 class _ChunkedGraphs:
@@ -1021,21 +1031,8 @@ class _ChunkedGraphs:
         self._grow(tb)
         fns = self._dense(tb)
         if self.capture:
-            dev = self._dev
-            self.slots.fill_(-1)  # the warm-up run below must store nothing into the pages
-            side = torch.cuda.Stream(device=dev)
-            side.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(side):  # Triton compiles, cuBLAS picks its kernels
-                for f in fns:
-                    f()
-            torch.cuda.current_stream(dev).wait_stream(side)
-            torch.cuda.synchronize(dev)
-            graphs = []
-            for f in fns:
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=self.pool), no_collection():
-                    f()
-                graphs.append(g)
+            self.slots.fill_(-1)  # the capture's eager run must store nothing into the pages
+            graphs = capture_stages(fns, self._dev, self.pool)
             self._graphs += graphs
             fns = [g.replay for g in graphs]
         self.stages[tb] = fns
