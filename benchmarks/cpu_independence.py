@@ -120,7 +120,7 @@ def beside_fused_assist(ex: GpuExecutor, plan: GpuPlan, engine: CpuEngineProcess
     own_stream = ex.assist_stream
 
     def fused_step():
-        return engine.step(step, lambda: False)[0]
+        return engine.step(step, lambda: False).tokens
 
     out = {"gpu_served_rounds_per_s_alone": served.rate(3.0)}
     channel.expecting = True  # the CPU engine is in Fused-Assist steps from here on
@@ -202,7 +202,7 @@ def main() -> None:
                                    "context": args.context, "cpu_cores": str(cores)}
     try:
         def process_step():
-            return engine.step(step, lambda: False)[0]
+            return engine.step(step, lambda: False).tokens
 
         out["gpu_rounds_per_s_alone"] = load.rate(3.0)
         out["cpu_process_steps_per_s_alone"] = steps_per_s(process_step, args.steps)

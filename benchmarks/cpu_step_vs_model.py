@@ -94,9 +94,9 @@ def measure(engine: CpuEngineProcess, server: AssistServer, step: CpuStep, steps
     time (0 off CUDA)."""
     engine.step(step, lambda: False)
     calls, service, gpu = server.calls, server.service_s, server.gpu_s
-    runs = [engine.step(step, lambda: False)[1:] for _ in range(steps)]
+    runs = [engine.step(step, lambda: False) for _ in range(steps)]
     n = max(server.calls - calls, 1)
-    return (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs),
+    return (statistics.median(r.busy_s for r in runs), statistics.median(r.assist_s for r in runs),
             (server.service_s - service) / n, (server.gpu_s - gpu) / n)
 
 

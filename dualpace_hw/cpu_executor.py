@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -130,6 +131,21 @@ class CpuStep:
         return step
 
 
+@dataclass(slots=True)
+class StepPhases:
+    """Where one CPU step's time went, on the executor's clock (seconds). The runtime writes one
+    row a step (`dualpace_sim.costs.cpu_step_records`), so a served run shows which stage ran
+    slower than the profile's tables, beside what the model charges for the same plan."""
+
+    setup_s: float = 0.0  # the step's positions, block tables and slots
+    pre_layer_s: float = 0.0  # embedding
+    pre_attn_s: float = 0.0  # N x (norm, QKV, RoPE)
+    kv_write_s: float = 0.0  # N x the new token's K, V into the host pool
+    attention_s: float = 0.0  # N x paged decode attention
+    assists_s: float = 0.0  # Dense Assists end to end (buffers in, wait, result out)
+    post_s: float = 0.0  # the CPU's own post-attention stages and post-layer
+
+
 class CpuExecutor:
     """Decode steps of CPU batches over the host KV pool (see the module docstring).
 
@@ -170,6 +186,7 @@ class CpuExecutor:
         self._configured: set[int] = set()  # thread idents whose threads/affinity are set
         self.pinned_threads = 0
         self.steps = 0
+        self.phases = StepPhases()  # the last step's
 
     # --- threads and cores ------------------------------------------------------------------
     def configure_thread(self) -> None:
@@ -218,7 +235,12 @@ class CpuExecutor:
             raise ValueError(f"a {route.value} plan needs Dense Assist, and this executor has none")
 
     def _step(self, step: CpuStep) -> list[int]:
+        """The step's layers, each phase timed into `self.phases` (a few hundred clock reads
+        a step, against steps of tens of milliseconds)."""
         m, route, bs = self.model, step.route, self.pool.block_size
+        self.phases = ph = StepPhases()
+        clock = time.perf_counter
+        t0 = clock()
         n = len(step.req_ids)
         positions = torch.tensor(step.positions)
         width = max(len(t) for t in step.tables)
@@ -226,21 +248,40 @@ class CpuExecutor:
                               dtype=torch.int32)
         slots = tables[torch.arange(n), positions // bs].long() * bs + positions % bs
         ids, lens = torch.tensor(step.token_ids), (positions + 1).to(torch.int32)
+        t1 = clock()
         h = m.pre_layer(ids)
+        t2 = clock()
+        ph.setup_s, ph.pre_layer_s = t1 - t0, t2 - t1
         last = m.n_layers - 1
         for layer in range(m.n_layers):
+            t0 = clock()
             q, k, v = m.pre_attn(layer, h, positions)
+            t1 = clock()
             self.pool.write(layer, slots, k, v)
+            t2 = clock()
             kc, vc = self.pool.layer(layer)
             o = cpu_paged_decode_attention(q, kc, vc, tables, lens, impl=self.attention_impl,
                                            validate=layer == 0)  # one table set per step
             o = o.reshape(n, -1)
+            t3 = clock()
+            ph.pre_attn_s += t1 - t0
+            ph.kv_write_s += t2 - t1
+            ph.attention_s += t3 - t2
             if route == Route.FUSED_ASSIST:
                 if layer == last:
-                    return _token_list(self.assist.assist_fused_final(layer, o, h))
+                    tokens = _token_list(self.assist.assist_fused_final(layer, o, h))
+                    ph.assists_s += clock() - t3
+                    return tokens
                 h = self.assist.assist_post_attn(layer, o, h)
+                ph.assists_s += clock() - t3
             else:
                 h = m.post_attn(layer, o, h)
+                ph.post_s += clock() - t3
+        t0 = clock()
         if route == Route.SPLIT_FINAL:
-            return _token_list(self.assist.assist_post_layer(h))
-        return greedy(m.post_layer(h)).tolist()
+            tokens = _token_list(self.assist.assist_post_layer(h))
+            ph.assists_s += clock() - t0
+            return tokens
+        tokens = greedy(m.post_layer(h)).tolist()
+        ph.post_s += clock() - t0
+        return tokens

@@ -9,7 +9,8 @@ engine's copy of the weights, and the Dense Assist control block and buffers. Th
 one message per step each way:
 
     parent -> worker: ("step", CpuStep, rows) | ("stop",)   (rows: sampling.Row per request)
-    worker -> parent: ("ready", pid) | ("done", tokens, busy_s, assist_s) | ("error", message)
+    worker -> parent: ("ready", pid) | ("done", tokens, busy_s, assist_s, phases)
+                      | ("error", message)
 
 Dense Assist goes through the shared control block (`AssistBlock`), as in the paper: the worker
 writes the attention output and residual into the shared buffers and sets CPU-Ready; the GPU
@@ -42,7 +43,7 @@ import torch.distributed as dist
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs.shapes import ModelShape
 
-from .cpu_executor import CpuExecutor, CpuStep
+from .cpu_executor import CpuExecutor, CpuStep, StepPhases
 from .hostinfo import rank_cores
 from .kv import PagedKVPool
 from .model import LayerWeights, Model, ModelWeights
@@ -274,13 +275,24 @@ def _worker_main(conn, spec: WorkerSpec) -> None:
             start, assist.waited_s = time.perf_counter(), 0.0
             model.rows = msg[2]
             tokens = ex.run(msg[1])
-            conn.send(("done", tokens, time.perf_counter() - start, assist.waited_s))
+            conn.send(("done", tokens, time.perf_counter() - start, assist.waited_s,
+                       ex.phases))
     except (EOFError, BrokenPipeError, WorkerStopped):
         return  # the parent is gone or stopped us
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         with contextlib.suppress(OSError, ValueError):
             conn.send(("error", f"{type(e).__name__}: {e}"))
         raise
+
+
+@dataclass(frozen=True, slots=True)
+class StepDone:
+    """One CPU step as the engine's process ran it (its slowest rank's times)."""
+
+    tokens: dict[int, int]  # req_id -> sampled token
+    busy_s: float  # the whole step
+    assist_s: float  # of it, waiting on Dense Assists end to end
+    phases: StepPhases  # where the step's time went
 
 
 class CpuEngineProcess:
@@ -389,11 +401,9 @@ class CpuEngineProcess:
             raise WorkerFailed(f"the CPU engine's process failed: {msg[1]}")
         return msg
 
-    def step(self, step: CpuStep, stopped: Callable[[], bool]) -> tuple[dict[int, int], float,
-                                                                      float]:
+    def step(self, step: CpuStep, stopped: Callable[[], bool]) -> StepDone:
         """Run one step on every rank (Dense Assists go through `self.assist`, served by the
-        GPU engine). Returns (tokens, busy_s, assist_s): the step's time on its slowest rank,
-        and the part that rank waited on its assists."""
+        GPU engine); its times are the slowest rank's."""
         sampler = self.sampler
         rows = None if sampler is None else sampler.rows(
             step.req_ids, [p + 1 for p in step.positions])  # the sampled tokens' positions
@@ -405,8 +415,7 @@ class CpuEngineProcess:
             if sampler is not None:
                 sampler.cpu_rows = None
 
-    def _step(self, step: CpuStep, rows, stopped: Callable[[], bool]
-              ) -> tuple[dict[int, int], float, float]:
+    def _step(self, step: CpuStep, rows, stopped: Callable[[], bool]) -> StepDone:
         for conn in self.conns:
             conn.send(("step", step, rows))
         results = []
@@ -421,8 +430,8 @@ class CpuEngineProcess:
         tokens = results[0][0]
         if any(r[0] != tokens for r in results[1:]):
             raise WorkerFailed("the CPU engine's ranks sampled different tokens")
-        _, busy_s, assist_s = max(results, key=lambda r: r[1])
-        return tokens, busy_s, assist_s
+        _, busy_s, assist_s, phases = max(results, key=lambda r: r[1])
+        return StepDone(tokens, busy_s, assist_s, phases)
 
     def close(self) -> None:
         """Stop the workers (politely, then not) and release the shared memory. Idempotent."""

@@ -37,6 +37,7 @@ from dualpace_sim.core.journal import Journal, describe_cpu, describe_gpu
 from dualpace_sim.core.routing import Route
 from dualpace_sim.core.vllm import VllmConfig, VllmScheduler
 from dualpace_sim.costs.calibrate import AssistCall
+from dualpace_sim.costs.cpu_step_records import CpuStepRecord
 from dualpace_sim.costs.shapes import ModelShape
 from dualpace_sim.node_series import Busy, NodeSeries, StateLog, state_reader
 from dualpace_sim.trace_events import (
@@ -464,6 +465,7 @@ class DualPaceRuntime(Engines):
         self.stage_mode = assist_reachable(config.largest_cpu_batch, config.route_f)
         self.channel = AssistServer(cpu_engine.assist, self)
         self.cpu_engine = cpu_engine
+        self.cpu_steps: list[CpuStepRecord] = []  # one per step, phase by phase
         try:
             self.gpu = gpu.build(self.tokens, cpu_engine)
         except BaseException:
@@ -573,13 +575,18 @@ class DualPaceRuntime(Engines):
             self.channel.expecting = plan.route != Route.FULL_CPU
             t0 = self.now()
             try:
-                tokens, busy, assist_s = self.cpu_engine.step(step, self.stop.is_set)
+                done = self.cpu_engine.step(step, self.stop.is_set)
             finally:
                 self.channel.expecting = False
-            self.stats.cpu_busy_s += busy
-            self.stats.cpu_assist_s += assist_s
+            tokens, ph = done.tokens, done.phases
+            self.stats.cpu_busy_s += done.busy_s
+            self.stats.cpu_assist_s += done.assist_s
+            self.cpu_steps.append(CpuStepRecord(
+                plan.route.value, len(plan.batch), plan.context, done.busy_s, ph.setup_s,
+                ph.pre_layer_s, ph.pre_attn_s, ph.kv_write_s, ph.attention_s, ph.assists_s,
+                ph.post_s))
             self.slice(CPU_ENGINE, plan.route.value, t0, self.now(), batch=len(plan.batch),
-                       context=plan.context, assist_ms=round(assist_s * 1e3, 3),
+                       context=plan.context, assist_ms=round(done.assist_s * 1e3, 3),
                        requests=[r.req_id for r in plan.batch])
             with self.work:
                 sched.apply(plan, CpuResult(self.record("cpu", "apply", tokens=tokens), tokens))

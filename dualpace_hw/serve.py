@@ -16,6 +16,7 @@ import torch
 
 from dualpace_sim.core.journal import JOURNAL_FILE
 from dualpace_sim.costs.calibrate import ASSISTS_FILE, write_assist_calls
+from dualpace_sim.costs.cpu_step_records import CPU_STEPS_FILE, write_cpu_steps
 from dualpace_sim.costs.neo_tables import NeoTables
 from dualpace_sim.costs.shapes import ModelShape
 from dualpace_sim.node_series import (
@@ -121,6 +122,7 @@ def record_policy(out: Path, loaded: LoadedScenario, policy: str, runtime, reque
     runtime.journal.write(out / JOURNAL_FILE.format(policy=policy))
     if policy == "dualpace":  # each Dense Assist, for the Appendix B calibration
         write_assist_calls(runtime.channel.records, out / ASSISTS_FILE.format(policy=policy))
+        write_cpu_steps(runtime.cpu_steps, out / CPU_STEPS_FILE.format(policy=policy))
     frame = records_frame(requests, policy)
     series = runtime.series()
     if runtime.trace is not None:

@@ -289,6 +289,7 @@ def calibrate(
     from dualpace_sim.core.journal import JournalError
     from dualpace_sim.costs import calibrate as appendix_b
     from dualpace_sim.costs.fit import FitError, fit_controls, profile_batch_sizes, with_controls
+    from dualpace_sim.costs.model import CostModel
     from dualpace_sim.scenario import ScenarioError
     from dualpace_sim.served_rounds import (
         PASS_SCENARIO,
@@ -320,15 +321,20 @@ def calibrate(
         _fail(str(e))
     typer.echo(f"{len(calls)} Dense Assist calls from {len(run)} run(s)")
     typer.echo(f"{'path':<5}{'rows':>6}{'calls':>8}{'Q us':>10}{'O us':>10}{'B us':>10}"
-               "   (B: the stage-boundary wait inside Q)")
+               f"{'G us':>10}{'g us':>10}   (B: the stage-boundary wait inside Q; G: the "
+               "served CUDA interval, g: the profile's)")
+    idle = CostModel(p)
     for g in cal.groups:
         typer.echo(f"{g.path:<5}{g.rows:>6}{g.calls:>8}{g.q_s * 1e6:>10.1f}{g.o_s * 1e6:>10.1f}"
-                   f"{g.boundary_s * 1e6:>10.1f}")
+                   f"{g.boundary_s * 1e6:>10.1f}{(g.g_s or 0.0) * 1e6:>10.1f}"
+                   f"{idle.assist_gpu(g.path, g.rows) * 1e6:>10.1f}")
+    served = CostModel(calibrated)
     for x in ("p", "lA", "lS"):
         q0, o0 = getattr(p.assist.q, x) * 1e6, getattr(p.assist.o, x) * 1e6
         if x in cal.q:
+            stretch = served.assist_gpu_beside_batch(x, 1) / served.assist_gpu(x, 1)
             typer.echo(f"{x}: q {q0:.1f} -> {cal.q[x] * 1e6:.1f} us, o {o0:.1f} -> "
-                       f"{cal.o[x] * 1e6:.1f} us")
+                       f"{cal.o[x] * 1e6:.1f} us, g beside a running batch x {stretch:.2f}")
         else:
             typer.echo(f"{x}: no calls in the runs; q {q0:.1f} us and o {o0:.1f} us kept (the "
                        "handshake's)")

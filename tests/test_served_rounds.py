@@ -19,7 +19,8 @@ from dualpace_sim.served_rounds import (
 from tests.conftest import REPO_ROOT
 
 H200 = REPO_ROOT / "calibration/h200-spr16"
-PASSES = [H200 / "llama-3.1-8b-calibration" / p / "run" for p in ("fused-assist", "split-final")]
+PASSES = [H200 / "llama-3.1-8b-13c-calibration" / p / "run"
+          for p in ("fused-assist", "split-final")]
 MS = 1e-3
 
 
@@ -41,13 +42,15 @@ def test_the_served_overhead_is_the_median_idle_decode_round_less_its_stages():
 
 
 def test_the_h200_calibration_passes_give_the_committed_overhead():
+    """The 13-core profile's own passes (the 14-core profile's calibration comes from served
+    runs since session 16: its provenance says why)."""
     rounds = [r for d in PASSES
               for r in served_rounds(load_scenario(d.parent / PASS_SCENARIO), d, "dualpace")]
     assert len(rounds) > 4000 and any(r.to_cpu_tokens for r in rounds)
     cal = served_round_overhead(rounds, ["a", "b"])
-    assert cal.rounds == 335 and round(cal.measured_s / MS, 3) == 0.248
+    assert cal.rounds == 318 and round(cal.measured_s / MS, 3) == 0.654
     committed = load_scenario(PASSES[0].parent / PASS_SCENARIO).profile
-    assert round(cal.served_s / MS, 3) == 0.499
+    assert round(cal.served_s / MS, 3) == 0.602
     out = with_served_overhead(committed, cal)
     assert out.gpu.iteration_overhead_s == cal.served_s
     assert out.gpu.iteration_overhead_calibration == cal
@@ -55,17 +58,17 @@ def test_the_h200_calibration_passes_give_the_committed_overhead():
 
 
 def test_the_command_calibrates_the_overhead_where_it_finds_the_runs_scenario(tmp_path):
-    args = ["profile", "calibrate", str(H200 / "llama-3.1-8b.yaml"),
+    args = ["profile", "calibrate", str(H200 / "llama-3.1-8b-13c.yaml"),
             *(a for d in PASSES for a in ("--run", str(d)))]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert ("GPU iteration overhead: 0.248 ms timed -> 0.499 ms served (335 decode-only rounds "
+    assert ("GPU iteration overhead: 0.654 ms timed -> 0.602 ms served (318 decode-only rounds "
             "with the CPU engine idle)") in result.output
     elsewhere = tmp_path / "run"
     elsewhere.mkdir()
     (elsewhere / "assists-dualpace.csv").write_text(
         (PASSES[0] / "assists-dualpace.csv").read_text())
-    result = CliRunner().invoke(app, ["profile", "calibrate", str(H200 / "llama-3.1-8b.yaml"),
+    result = CliRunner().invoke(app, ["profile", "calibrate", str(H200 / "llama-3.1-8b-13c.yaml"),
                                       "--run", str(elsewhere)])
     assert result.exit_code == 0, result.output
     assert f"GPU iteration overhead kept: no scenario {tmp_path / PASS_SCENARIO}" in result.output

@@ -141,17 +141,17 @@ def test_neo_rounds_are_the_documented_ones_and_price_the_floors(azure_dir, tmp_
 
 
 def test_sim_vs_real_rounds_are_the_documented_ones(azure_dir):
-    """The session-12 tables, priced with the run's own profile: w2-r3's prefill rounds
-    (simulated 30.4 ms, real 66.1 ms, model 27.5 ms for 256-1,023-token rounds with a
+    """The session-12 tables, simulated and priced with the run's own profile: w2-r3's prefill
+    rounds (simulated 30.9 ms, real 66.1 ms, model 27.5 ms for 256-1,023-token rounds with a
     Prefill-to-CPU chunk) and their excess."""
     out = run("sim_vs_real_rounds.py", "--scenario",
               "scenarios/h200/cpu-busy/llama-3.1-8b-w2-r3.yaml", "--real",
               "docs/validation/cpu-busy/w2-r3/real", "--costs",
               "docs/validation/cpu-busy/w2-r3/real/profile.yaml",
               env={"DUALPACE_AZURE_DIR": str(azure_dir)})
-    assert re.search(r"256-1,023, to CPU\s+47\s+30\.4\s+38\s+66\.1\s+27\.5", out), out
+    assert re.search(r"256-1,023, to CPU\s+43\s+30\.9\s+38\s+66\.1\s+27\.5", out), out
     assert re.search(r"CPU busy, to CPU\s+129\s+1\.00", out), out
-    assert re.search(r"16-63\s+361\s+0\.184\s+360\s+0\.189", out), out
+    assert re.search(r"16-63\s+365\s+0\.188\s+360\s+0\.189", out), out
 
 
 def test_prefill_excess_is_the_documented_one(azure_dir):
@@ -166,3 +166,18 @@ def test_prefill_excess_is_the_documented_one(azure_dir):
     assert re.search(r"0-0\.5\s+50\s+0\.00\s+1\.48", out), out
     assert re.search(r"2-5\s+210\s+3\.48\s+21\.00", out), out
     assert re.search(r"0\.5-2\s+10196\s+0\.89\s+0\.68", out), out
+
+
+def test_cpu_step_parts_are_the_documented_ones(azure_dir):
+    """Session 16's sustained-r5: the assists' CUDA intervals as served run 1.25-1.85x the
+    profile's idle-GPU g_x, and the CPU engine's own work 1.03-1.18x its model."""
+    out = run("cpu_step_parts.py", "--scenario",
+              "scenarios/h200/cpu-busy/llama-3.1-8b-sustained-r5.yaml", "--real",
+              "docs/validation/cpu-busy/session16/sustained-r5/real", "--costs",
+              "calibration/h200-spr16/llama-3.1-8b.yaml",
+              env={"DUALPACE_AZURE_DIR": str(azure_dir)})
+    assert "670 Fused-Assist steps" in out, out
+    assert re.search(r"64-127\s+133\s+356\.9\s+40\.1\s+32\.6\s+17\.6\s+1\.85\s+316\.8\s+271\.2"
+                     r"\s+1\.17", out), out
+    assert re.search(r">= 180\s+95\s+601\.9\s+36\.3\s+30\.6\s+23\.3\s+1\.31\s+565\.7\s+478\.7"
+                     r"\s+1\.18", out), out

@@ -278,8 +278,9 @@ def run_profile(opt: Options) -> Profile:
     result = fit_controls(profile)
     fitted = with_controls(profile, result)
     fitted.save(opt.out)
-    if opt.calibration:
-        fitted, result = _calibrate(opt, fitted, result, threads)
+    if opt.calibration:  # served as `dualpace-hw run` serves: on all the process's cores
+        with on_cores(box_cores):
+            fitted, result = _calibrate(opt, fitted, result, threads)
     try:
         from dualpace_sim.fit_plots import plot_fit
 
@@ -293,7 +294,14 @@ def run_profile(opt: Options) -> Profile:
 def _calibrate(opt: Options, fitted: Profile, before: FitResult, threads: int
                ) -> tuple[Profile, FitResult]:
     """Serve the calibration workload, take q_x and o_x from its assists, refit the controls
-    with them and save the profile (calibration.py)."""
+    with them and save the profile (calibration.py).
+
+    Called on the cores the process had before `_threads` narrowed it to the measured ones:
+    the runtime gives the CPU engine its `threads` cores and its GPU engine the rest, and on
+    the narrowed set there is no rest. The H200 box's passes ran that way until session 16,
+    the GPU engine's threads on the CPU engine's 14 cores: its CPU steps took 2.3-3.4x their
+    modelled work (0.99-1.18x in `dualpace-hw run`s) and q_p read 2.09 ms where served runs
+    wait 0.15-0.19 ms an assist."""
     work = CalibrationWorkload.quick() if opt.quick else CalibrationWorkload.full()
     try:
         runs = serve_passes(fitted, opt.out, work, opt.gpu_device, threads, opt.cpu_tp,

@@ -17,9 +17,14 @@ Q_x,u holds the wait for the GPU engine's next stage boundary, B = [W - G - (L +
 it should for Algorithm 1, whose route scores have no other place for it. The simulator books
 each assist at the running GPU batch's next stage boundary itself, so it charges the CPU only
 q_x less the groups' mean B beyond g_x once the service starts (`CostModel.assist_q_served`):
-charging all of q_x there counts the boundary wait twice, and the calibration workload's long
-prefill stages make that wait ten times a serving run's (2.3 ms against 0.24 ms a call on the
-H200 box).
+charging all of q_x there counts the boundary wait twice.
+
+The runs also give each group's served CUDA interval, G_x,u = mean_i G. An assist served at a
+stage boundary of a running GPU batch shares the GPU with that batch's kernels (the assist
+stream runs beside the compute stream), and on the H200 box its interval was 1.3-1.9x the
+idle GPU's g_x(u) in serving (docs/validation/README.md, session 16). The simulator charges
+such an assist g_x(b) times the groups' equal-weight mean of G_x,u / g_x(u)
+(`CostModel.assist_gpu_beside_batch`); one served on an idle GPU keeps g_x(b).
 
 The real runtime writes one row per assist to ``assists-<policy>.csv`` in its run directory
 (`dualpace-hw run`), W measured from CPU-Ready to GPU-Done on the shared control block and
@@ -129,7 +134,8 @@ def calibrate(calls: Iterable[AssistCall], batch_sizes: Sequence[int]) -> Calibr
                           q_s=statistics.fmean(max(c.wait_s - c.cuda_s, 0.0) for c in cs),
                           o_s=statistics.fmean(c.host_s for c in cs),
                           boundary_s=statistics.fmean(
-                              max(c.wait_s - c.cuda_s - c.host_s, 0.0) for c in cs))
+                              max(c.wait_s - c.cuda_s - c.host_s, 0.0) for c in cs),
+                          g_s=statistics.fmean(c.cuda_s for c in cs))
               for (path, u), cs in sorted(by_group.items(),
                                           key=lambda kv: (PATHS.index(kv[0][0]), kv[0][1]))]
     q = {x: statistics.fmean(g.q_s for g in groups if g.path == x)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import warnings
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -158,6 +158,18 @@ def _boundary_wait(calibration: AssistCalibration | None, kind: str) -> float:
     return sum(waits) / len(waits) if waits else 0.0
 
 
+def _served_stretch(calibration: AssistCalibration | None, kind: str,
+                    g: Callable[[float], float]) -> float:
+    """How much longer an assist's CUDA interval ran in the calibration's serving runs than
+    the idle GPU's g_x at the same batch-row group: the groups' equal-weight mean of
+    G_x,u / g_x(u) (1 without served intervals: older calibrations, or runs off CUDA)."""
+    if calibration is None:
+        return 1.0
+    ratios = [grp.g_s / g(grp.rows) for grp in calibration.groups
+              if grp.path == kind and grp.g_s and g(grp.rows) > 0]
+    return sum(ratios) / len(ratios) if ratios else 1.0
+
+
 class CostModel:
     """Seconds for every primitive the simulator executes, read from one profile.
 
@@ -212,6 +224,7 @@ class CostModel:
         self._o = a.o.model_dump()
         self._q_served = {x: max(q - _boundary_wait(a.calibration, x), 0.0)
                           for x, q in self._q.items()}
+        self._stretch = {x: _served_stretch(a.calibration, x, self._assist[x]) for x in self._q}
 
     @classmethod
     def from_file(cls, path: str | Path) -> CostModel:
@@ -311,6 +324,10 @@ class CostModel:
     def cpu_pre_layer(self, b: int) -> float:
         return self._c_pre_layer(b) if b > 0 else 0.0
 
+    def cpu_pre_attn(self, b: int) -> float:
+        """One layer's norm, QKV projection, RoPE and KV store on the CPU."""
+        return self._c_pre_attn(b) if b > 0 else 0.0
+
     def cpu_layer_local(self, b: int, context: int) -> float:
         """Pre-attention + attention of one layer; ``context`` is the batch's total context."""
         return self._c_pre_attn(b) + self._c_decode_attn(b, context) if b > 0 else 0.0
@@ -339,6 +356,12 @@ class CostModel:
     def assist_gpu(self, kind: AssistKind, b: int) -> float:
         """g_x(b): CUDA time of one assist including its data movement."""
         return self._assist[kind](b) if b > 0 else 0.0
+
+    def assist_gpu_beside_batch(self, kind: AssistKind, b: int) -> float:
+        """g_x(b) for an assist served at a stage boundary of a running GPU batch, whose
+        kernels share the GPU with it: stretched as the calibration's serving runs measured
+        (`_served_stretch`; g_x(b) where they measured nothing)."""
+        return self._stretch[kind] * self.assist_gpu(kind, b)
 
     def assist_q(self, kind: AssistKind) -> float:
         """q_x: CPU-visible control-path wait of one assist beyond its CUDA time."""

@@ -262,6 +262,11 @@ class AssistGroup(StrictModel):
                     "the wait for the busy GPU engine's stage boundary inside Q_x,u (the "
                     "simulator books that wait itself; `dualpace-sim profile calibrate` "
                     "recomputes it from the runs)")
+    g_s: NonNegativeFloat | None = Field(
+        None, description="G_x,u = mean over the calls of G, s: the served CUDA interval, "
+                          "which the GPU engine's kernels running beside the assist stretch "
+                          "beyond the idle GPU's g_x(u) (None in calibrations before session "
+                          "16; 0 off CUDA)")
 
 
 class AssistCalibration(StrictModel):

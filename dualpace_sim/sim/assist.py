@@ -42,6 +42,8 @@ class AssistTerms:
     kind: str
     g: float  # g_x: CUDA time, activations included
     service: float  # o_x + g_x: GPU-worker time
+    g_beside: float  # g_x served at a running batch's stage boundary, beside its kernels
+    service_beside: float  # o_x + g_beside
     q: float  # q_x less its stage-boundary wait: the CPU's wait beyond g_x once served
     to_gpu: int  # activation bytes host -> GPU
     to_host: int  # activation bytes GPU -> host
@@ -94,11 +96,12 @@ class AssistBooker:
         found = self._terms.get((kind, b))
         if found is None:
             cost = self.cost
-            g = cost.assist_gpu(kind, b)
+            g, o = cost.assist_gpu(kind, b), cost.assist_o(kind)
+            beside = cost.assist_gpu_beside_batch(kind, b)
             act = cost.activation_bytes(b)
             to_gpu, to_host = _ACTIVATIONS[kind]
             found = self._terms[(kind, b)] = AssistTerms(
-                kind, g, cost.assist_o(kind) + g, cost.assist_q_served(kind), to_gpu * act,
+                kind, g, o + g, beside, o + beside, cost.assist_q_served(kind), to_gpu * act,
                 to_host * act)
         return found
 
@@ -120,11 +123,13 @@ class AssistBooker:
         to_gpu = to_host = 0
         while i < n and (ready <= now or gpu.serves_ahead(ready)):
             t = terms[i]
-            start = gpu.assist(ready, t.service)
+            g, service = ((t.g_beside, t.service_beside) if gpu.at_stage_boundary(ready)
+                          else (t.g, t.service))
+            start = gpu.assist(ready, service)
             if trace is not None:
-                trace.complete(DENSE_ASSIST, _NAMES[t.kind], start, start + t.service,
+                trace.complete(DENSE_ASSIST, _NAMES[t.kind], start, start + service,
                                cpu_batch=c.b, queued_us=round((start - ready) * 1e6, 3))
-            resume = start + t.g + t.q
+            resume = start + g + t.q
             to_gpu += t.to_gpu
             to_host += t.to_host
             i += 1

@@ -99,6 +99,16 @@ class GpuDevice:
         step = layer_s + self.poll_s
         return [first + (k + 1) * step for k in range(n)]
 
+    def at_stage_boundary(self, ready_s: float) -> bool:
+        """Whether an assist ready at `ready_s` is served at a stage boundary of the running
+        batch, beside its kernels (rather than in front of it, after it, or on an idle GPU)."""
+        return self.active and ready_s >= self._start and self._boundary(ready_s) <= self._n_layers
+
+    def _boundary(self, ready_s: float) -> int:
+        """The running batch's first boundary that can take an assist ready at `ready_s`."""
+        since_first = ready_s - self._shift - self._first
+        return max(self._next_k, math.ceil(since_first / self._layer - 1e-9) + self._ahead)
+
     def assist(self, ready_s: float, service_s: float) -> float:
         """Book a Dense Assist that becomes ready at `ready_s`; returns its service start.
         One serviced inside the running batch is in that batch's interval of work (it pushes
@@ -112,8 +122,7 @@ class GpuDevice:
                 self._begin(self.busy_until)
                 self.worked.add(start, self.busy_until)
                 return start
-            since_first = ready_s - self._shift - self._first
-            k = max(self._next_k, math.ceil(since_first / self._layer - 1e-9) + self._ahead)
+            k = self._boundary(ready_s)
             if k <= self._n_layers:  # at a stage boundary of the running batch
                 start = self._first + k * self._layer + self._shift
                 self._shift += service_s

@@ -51,6 +51,29 @@ def test_the_stage_boundary_wait_inside_q_is_kept_apart_for_the_simulator():
     assert CostModel(uncalibrated).assist_q_served("lA") == p.assist.q.lA  # the handshake's
 
 
+def test_an_assist_beside_a_running_batch_costs_its_served_cuda_interval():
+    """G_x,u = mean G per group; the simulator stretches g_x(b) by the groups' equal-weight
+    mean of G_x,u / g_x(u) for an assist served beside a running batch's kernels, and keeps
+    g_x(b) on an idle GPU, for paths the runs did not serve and where G was not recorded."""
+    p = load_profile(H200)
+    idle = CostModel(p)
+    g16, g64 = idle.assist_gpu("p", 16), idle.assist_gpu("p", 64)
+    calls = [AssistCall("p", 16, 5 * g16, 1.2 * g16, 0.0),
+             AssistCall("p", 16, 5 * g16, 1.6 * g16, 0.0),  # group 16: G = 1.4 g_p(16)
+             AssistCall("p", 64, 5 * g64, 2.0 * g64, 0.0)]  # group 64: G = 2 g_p(64)
+    cal = calibrate(calls, [16, 64])
+    assert [round(g.g_s / idle.assist_gpu("p", g.rows), 9) for g in cal.groups] == [1.4, 2.0]
+    cost = CostModel(with_calibration(p, cal, ["runs/r3"]))
+    assert math.isclose(cost.assist_gpu_beside_batch("p", 32), 1.7 * cost.assist_gpu("p", 32))
+    assert cost.assist_gpu("p", 32) == idle.assist_gpu("p", 32)  # on an idle GPU
+    assert cost.assist_gpu_beside_batch("lA", 32) == cost.assist_gpu("lA", 32)  # not served
+    unrecorded = [g.model_copy(update={"g_s": None}) for g in cal.groups]
+    old = cost.profile.assist.calibration.model_copy(update={"groups": unrecorded})
+    before = cost.profile.model_copy(update={"assist": cost.profile.assist.model_copy(
+        update={"calibration": old})})
+    assert CostModel(before).assist_gpu_beside_batch("p", 32) == idle.assist_gpu("p", 32)
+
+
 def test_groups_weigh_equally_whatever_their_call_counts():
     many = [AssistCall("p", 3, 20 * US, 10 * US, 2 * US)] * 99  # group 4: Q = 10 us
     one = [AssistCall("p", 60, 130 * US, 100 * US, 8 * US)]  # group 64: Q = 30 us

@@ -97,6 +97,32 @@ def test_no_calibration_keeps_the_handshakes_q_and_o(tmp_path):
     assert profile.provenance.command.endswith("--no-calibration")
 
 
+def test_the_calibration_passes_are_served_on_all_the_process_cores(tmp_path, monkeypatch):
+    """The profiler narrows itself to the --cpu-cores it measures; the calibration passes must
+    be served as `dualpace-hw run` serves, the GPU engine on the cores the CPU engine leaves.
+    On the narrowed set none are left, and the H200 box's passes ran the GPU engine's threads
+    on the CPU engine's cores (CPU steps 2.3-3.4x their modelled work, q_p ten times a served
+    run's)."""
+    cores = os.sched_getaffinity(0)
+    if len(cores) < 2:
+        pytest.skip("needs two cores: one to measure on and one left for the GPU engine")
+    seen: dict[str, object] = {}
+
+    class Served(Exception):
+        pass
+
+    def serve(*args, **kwargs):
+        seen.update(cores=os.sched_getaffinity(0), threads=torch.get_num_threads())
+        raise Served
+
+    monkeypatch.setattr(profile_run, "serve_passes", serve)
+    with pytest.raises(Served):
+        profile_run.run_profile(profile_run.Options(
+            shape=load_profile_shape(), out=tmp_path / "p.yaml", box_name="b", quick=True,
+            gpu_device="cpu", cpu_cores=1, progress=False))
+    assert seen == {"cores": cores, "threads": len(cores)}
+
+
 def test_the_cpu_engine_load_runs_on_its_cores_until_the_block_ends():
     """The stand-in CPU engine decodes in a process of its own, pinned to the cores given, and
     is gone when the block ends."""

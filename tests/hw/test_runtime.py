@@ -31,12 +31,14 @@ from dualpace_sim.core import Owner
 from dualpace_sim.core.journal import JOURNAL_FILE, Journal
 from dualpace_sim.costs import load_profile
 from dualpace_sim.costs.calibrate import run_assist_calls
+from dualpace_sim.costs.cpu_step_records import CPU_STEPS_FILE, read_cpu_steps
 from dualpace_sim.node_series import ENGINES, STATE_COLUMNS, read_series
 from dualpace_sim.provenance import PARQUET_KEY, RUN_PROFILE, provenance, scenario_hash
 from dualpace_sim.records import read_metadata, read_records
 from dualpace_sim.replay import replay, replay_run, replay_states
 from dualpace_sim.scenario import load_scenario
 
+from ..conftest import REPO_ROOT
 from ..signals import default_sigint
 from .reference import dense_logits
 from .scenarios import tiny_scenario
@@ -205,6 +207,37 @@ def test_run_command_writes_what_the_simulator_writes(tmp_path):
     assert {c.path for c in calls} == {"p", "lA"}
     assert all(c.rows >= 1 and c.wait_s >= c.host_s >= 0 and c.cuda_s == 0 for c in calls)
     assert not (out / "assists-vllm.csv").exists()
+    # every CPU step, phase by phase (what the profile's stage tables are checked against)
+    steps = read_cpu_steps(out / CPU_STEPS_FILE.format(policy="dualpace"))
+    assert len(steps) == dualpace["engine"]["cpu_rounds"] > 0
+    assert {s.route for s in steps} == {"Fused-Assist"}
+    # the executor's assists hold the worker's waits and the results' copies out
+    assert sum(s.assists_s for s in steps) >= dualpace["engine"]["cpu_assist_s"]
+    for s in steps:
+        parts = (s.setup_s, s.pre_layer_s, s.pre_attn_s, s.kv_write_s, s.attention_s,
+                 s.assists_s, s.post_s)
+        assert s.rows >= 1 and s.context >= s.rows and min(parts) >= 0
+        assert s.attention_s > 0 and s.assists_s > 0 and sum(parts) <= s.step_s
+    assert not (out / "cpu-steps-vllm.csv").exists()
+
+
+def test_a_runs_cpu_steps_split_into_their_assists_and_phases(tmp_path):
+    """docs/validation/analysis/cpu_step_parts.py on a real run: each Fused-Assist step's
+    assists (from the assist records) and its phases (from the step records), by batch size,
+    beside the model of the profile the run used."""
+    out = tmp_path / "real"
+    path = scenario(tmp_path, ["dualpace"], route_p=0, route_f=0)
+    result = CliRunner().invoke(app, ["run", str(path), "--out", str(out), "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    script = REPO_ROOT / "docs" / "validation" / "analysis" / "cpu_step_parts.py"
+    done = subprocess.run([sys.executable, str(script), "--scenario", str(path), "--real",
+                           str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rounds = json.loads((out / "summary.json").read_text())[0]["engine"]["cpu_rounds"]
+    assert f"{rounds} Fused-Assist steps in {out}" in done.stdout
+    assert "the CPU engine's own work, phase by phase" in done.stdout
+    assert re.search(r"\n1-15\s+\d+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+"
+                     r"[\d.]+\s+[\d.]+\s+[\d.]+\n", done.stdout), done.stdout
 
 
 def test_run_takes_the_policies_asked_for_in_the_order_given(tmp_path):

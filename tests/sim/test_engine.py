@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dualpace_sim.core import Owner
-from dualpace_sim.costs import load_profile
+from dualpace_sim.costs import CostModel, load_profile
 from dualpace_sim.costs.profile import AssistCalibration, AssistGroup, PerAssistPath
 from dualpace_sim.records import records_frame, write_records
 from dualpace_sim.scenario import load_scenario
@@ -38,7 +38,9 @@ class SteppingBooker(AssistBooker):
             t = self.terms(kind, b)
             self.link.h2d.carry(t.to_gpu, env.now)
             self.link.d2h.carry(t.to_host, env.now)
-            resume = self.gpu.assist(env.now, t.service) + t.g + t.q
+            beside = self.gpu.at_stage_boundary(env.now)
+            g, service = (t.g_beside, t.service_beside) if beside else (t.g, t.service)
+            resume = self.gpu.assist(env.now, service) + g + t.q
             if i < len(kinds) - 1:
                 yield env.timeout(resume - env.now + read + local + write)
         yield env.timeout(resume - env.now)
@@ -202,6 +204,35 @@ def test_a_calibrated_q_charges_its_stage_boundary_wait_once(write_scenario, tmp
         assert out.stats.assist_calls > 0
         per_round.append(out.stats.cpu_busy_s / out.stats.cpu_rounds)
     assert per_round[1] < per_round[0]
+
+
+def test_assists_beside_a_running_batch_pay_the_served_cuda_interval(write_scenario, tmp_path):
+    """A calibration whose served CUDA intervals ran twice the idle GPU's g_x: the assists
+    taken at a running batch's stage boundaries cost more GPU time and longer CPU rounds, the
+    closed-form chain still books what stepping to each assist books (which assists are
+    beside a batch: tests/sim/test_gpu_device.py)."""
+    base = load_profile(RTX4090_LLAMA)
+    idle = CostModel(base)
+    groups = [AssistGroup(path=x, rows=b, calls=1, q_s=2e-5, o_s=2e-5, boundary_s=0.0,
+                          g_s=2 * idle.assist_gpu(x, b))
+              for x in ("p", "lA", "lS") for b in (1, 64)]
+    record = AssistCalibration(runs=["hand-made"], date="2026-12-02", groups=groups)
+    stretched = tmp_path / "stretched.yaml"
+    base.model_copy(update={"assist": base.assist.model_copy(
+        update={"calibration": record})}).save(stretched)
+    runs = {}
+    for name, profile in (("idle g", RTX4090_LLAMA), ("served G", stretched)):
+        path = write_scenario(f"{name}.yaml", profile=str(profile),
+                              scheduler={**PRESSURE, "route_p": 0, "route_f": 0})
+        frame, stats, _ = run_counting(path, DualPaceNode)
+        if name == "served G":
+            old_frame, old_stats, _ = run_counting(path, PerAssistNode)
+            assert frame.equals(old_frame) and stats == old_stats
+        runs[name] = stats
+    g, served = runs["idle g"], runs["served G"]
+    per_assist = [s.gpu_assist_s / s.assist_calls for s in (g, served)]
+    assert per_assist[0] < per_assist[1]
+    assert served.cpu_busy_s / served.cpu_rounds > g.cpu_busy_s / g.cpu_rounds
 
 
 def test_assists_in_gpu_paced_batches_wait_for_the_stage_queued_ahead(write_scenario,

@@ -153,3 +153,31 @@ def test_an_assist_is_booked_ahead_only_while_the_batch_set_up_runs():
     env.process(engine())
     env.run()
     assert seen == [("idle", False), ("inside", True), ("beyond", False), ("after", False)]
+
+
+def test_only_an_assist_taken_at_a_running_batchs_stage_boundary_runs_beside_its_kernels():
+    """at_stage_boundary: what the booker charges the served (stretched) CUDA interval for.
+    Not on an idle GPU, not in front of a batch that waits to start, not past its last layer
+    (the post-layer: the assist runs after the batch)."""
+    env = simpy.Environment()
+    gpu = GpuDevice(env, poll_s=0.0, stage_mode=True)
+    seen = []
+    gpu.assist(0.0, 2.0)  # the batch set up next waits for this one: it starts at 2
+
+    def engine():
+        yield from gpu.run_batch(PRE, LAYER, N, POST)
+
+    def probe():
+        seen.append(("before it starts", gpu.at_stage_boundary(0.0)))
+        yield env.timeout(1.0)
+        seen.append(("in front", gpu.at_stage_boundary(1.0)))  # the batch starts at 2
+        seen.append(("first layer", gpu.at_stage_boundary(3.5)))  # boundaries 3, 5, 7, 9, 11
+        seen.append(("post-layer", gpu.at_stage_boundary(11.5)))  # ends at 12
+        yield env.timeout(12.0)
+        seen.append(("idle, after", gpu.at_stage_boundary(env.now)))
+
+    env.process(engine())
+    env.process(probe())
+    env.run()
+    assert seen == [("before it starts", False), ("in front", False), ("first layer", True),
+                    ("post-layer", False), ("idle, after", False)]

@@ -15,6 +15,8 @@ from pathlib import Path
 from dualpace_sim.core.journal import JOURNAL_FILE, Journal
 from dualpace_sim.core.neo import NeoPlan, layer_time
 from dualpace_sim.core.routing import Route
+from dualpace_sim.costs.calibrate import ASSISTS_FILE, read_assist_calls
+from dualpace_sim.costs.cpu_step_records import CPU_STEPS_FILE, CpuStepRecord, read_cpu_steps
 from dualpace_sim.costs.fit import route_cost
 from dualpace_sim.replay import journal_calls
 from dualpace_sim.served_rounds import ServedRound, served_rounds
@@ -84,6 +86,72 @@ def cpu_steps(scenario: str, real: str) -> Iterator[CpuStep]:
             start, b, route, model = pending
             yield CpuStep(b, route, e.t - start, model, start)
             pending = None
+
+
+@dataclass(frozen=True)
+class FusedAssistStep:
+    """A real Fused-Assist CPU step split into its assists and the CPU engine's own work, each
+    beside the model (`cpu_step_parts`)."""
+
+    batch: int
+    context: int  # the batch's total context
+    real_s: float  # schedule to apply, from the journal
+    waits_s: float  # its assists' CPU-visible waits, sum of W (CPU-Ready to GPU-Done)
+    served_cuda_s: float  # their CUDA intervals as served, sum of G
+    idle_cuda_s: float  # the same assists at the profile's g_x (an idle GPU's)
+    cpu_model_s: float  # the model's CPU work: pre-layer, overhead, N x (local + write + read)
+    model_pre_attn_s: float  # of it, N x pre-attention
+    model_attention_s: float  # and N x attention
+    phases: CpuStepRecord | None = None  # the runtime's own split, where the run recorded it
+
+    @property
+    def cpu_real_s(self) -> float:
+        """What the CPU engine spent outside its assists' waits."""
+        return self.real_s - self.waits_s
+
+
+def cpu_step_parts(scenario: str, real: str, costs: str | None = None
+                   ) -> Iterator[FusedAssistStep]:
+    """DualPace's Fused-Assist steps in the real run directory `real`, each with its assists
+    from the run's assist records (`assists-dualpace.csv`, one row per assist in the order
+    served: N per Fused-Assist step, one per Split-Final step). Priced with the profile the
+    run used, or `costs`. Other routes' steps are passed over. Runs since session 16 also
+    record each step's phases (`cpu-steps-dualpace.csv`, one row a step in the same order)."""
+    cost, calls, journal = _replaying(scenario, real, "dualpace", costs)
+    assists = read_assist_calls(Path(real) / ASSISTS_FILE.format(policy="dualpace"))
+    recorded = Path(real) / CPU_STEPS_FILE.format(policy="dualpace")
+    phases = iter(read_cpu_steps(recorded)) if recorded.is_file() else None
+    per_route = {Route.FUSED_ASSIST: cost.n_layers, Route.SPLIT_FINAL: 1, Route.FULL_CPU: 0}
+    n, used, pending = cost.n_layers, 0, None
+    for e in journal.entries:
+        calls(e)
+        if e.engine != "cpu":
+            continue
+        plan = calls.cpu_plan
+        if e.call == "schedule" and plan is not None and not plan.is_empty:
+            pending = (e.t, len(plan.batch), plan.route, plan.context)
+        elif e.call == "apply" and pending is not None:
+            start, b, route, context = pending
+            mine = assists[used:used + per_route[route]]
+            used += per_route[route]
+            if len(mine) != per_route[route] or any(a.rows != b for a in mine):
+                raise ValueError(f"{real}: the assist records do not follow the journal's CPU "
+                                 f"steps at record {used} (a {b}-row {route.value} step)")
+            pending = None
+            split = next(phases, None) if phases is not None else None
+            if split is not None and (split.rows, split.route) != (b, route.value):
+                raise ValueError(f"{recorded}: its steps do not follow the journal's (a {b}-row "
+                                 f"{route.value} step against {split.rows} rows {split.route})")
+            if route is not Route.FUSED_ASSIST:
+                continue
+            idle = (n - 1) * cost.assist_gpu("p", b) + cost.assist_gpu("lA", b)
+            own = (cost.cpu_pre_layer(b) + cost.cpu_iteration_overhead
+                   + n * (cost.cpu_layer_local(b, context) + cost.cpu_assist_write(b)
+                          + cost.cpu_assist_read(b)))
+            yield FusedAssistStep(b, context, e.t - start, sum(a.wait_s for a in mine),
+                                  sum(a.cuda_s for a in mine), idle, own,
+                                  n * cost.cpu_pre_attn(b), n * cost.cpu_decode_attn(b, context),
+                                  split)
 
 
 def gpu_rounds(scenario: str, real: str, policy: str, costs: str | None = None

@@ -2,7 +2,8 @@
 rounds by class (prefill tokens; with or without a Prefill-to-CPU chunk), the real prefill
 rounds' excess over their model by whether a CPU step was in flight, and the CPU rounds by
 batch size. "Simulated" is the simulator's round (its `--trace-events` slices, Dense Assists
-included); "model" is `served_rounds`' price of the real plan, assists left out.
+included) with the `--costs` profile; "model" is `served_rounds`' price of the real plan with
+the same profile, assists left out.
 
     DUALPACE_AZURE_DIR=... python docs/validation/analysis/sim_vs_real_rounds.py \\
         --scenario scenarios/h200/cpu-busy/llama-3.1-8b-w2-r3.yaml \\
@@ -34,12 +35,16 @@ def gpu_class(prefill_tokens: int, to_cpu: bool) -> str:
     return f"{size}, {'to CPU' if to_cpu else 'GPU only'}"
 
 
-def simulated_slices(scenario: str) -> tuple[list[dict], list[dict]]:
-    """The simulator's GPU forwards and CPU rounds (trace slices) for DualPace."""
+def simulated_slices(scenario: str, costs: str | None = None) -> tuple[list[dict], list[dict]]:
+    """The simulator's GPU forwards and CPU rounds (trace slices) for DualPace, with the
+    profile `costs` where given (else the scenario's, which moves as the box is re-profiled)."""
+    changes: dict[str, object] = {"policies": ["dualpace"]}
+    if costs:
+        changes["profile"] = str(Path(costs).resolve())
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"
         run_scenario(Path(scenario), Path(tmp) / "run", progress=False, trace_events=trace,
-                     changes={"policies": ["dualpace"]})
+                     changes=changes)
         events = json.loads(trace.read_text())["traceEvents"]
     tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
               if e.get("name") == "thread_name"}
@@ -59,7 +64,7 @@ def mean_ms(values: list[float]) -> str:
 
 def main() -> None:
     args = run_arguments(__doc__.split("\n\n")[0])
-    sim_gpu, sim_cpu = simulated_slices(args.scenario)
+    sim_gpu, sim_cpu = simulated_slices(args.scenario, args.costs)
     sim, real, model = defaultdict(list), defaultdict(list), defaultdict(list)
     for e in sim_gpu:
         a = e["args"]
