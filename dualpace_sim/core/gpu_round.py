@@ -44,64 +44,20 @@ class GpuScheduler:
 
     def schedule(self) -> GpuPlan:
         st, cfg = self.state, self.state.config
-        bs = cfg.block_size
         plan = GpuPlan()
         # 1. Transfer-safe frontier: staging blocks are reused only after the last copy group.
         if st.copy_group:
             plan.wait_for_copies = True
             return plan
 
-        # 2. Restore next-token HBM feasibility, from the running totals of the queue: the
-        #    requests whose next step needs blocks and the Σ decode context.
-        running = st.gpu_running
-        grow = sum(r.next_blocks(bs) for r in st.gpu_growing)
-        hbm_free = st.hbm.free
-        deficit = grow - hbm_free
-        decodes = running
-        if deficit > 0:
-            needs = [r.next_blocks(bs) for r in running]
-            victims, freed = self._choose_victims(deficit, needs)
-            if victims and freed < deficit:  # partial relief: a migration-only round
-                return self._with_swap_outs(plan, victims)
-            if victims:
-                self._with_swap_outs(plan, victims)
-                gone = {id(v) for v in victims}
-                decodes = [r for r in running if id(r) not in gone]
-                hbm_free += sum(len(v.blocks) for v in victims)
-            else:  # nothing evictable: run the decode subset whose growth fits
-                decodes, room = [], hbm_free
-                for r, n in zip(running, needs, strict=True):
-                    if n <= room:
-                        decodes.append(r)
-                        room -= n
-        rows = min(cfg.gpu_max_rows, cfg.gpu_hard_token_limit)
-        if decodes is running and len(running) <= rows:  # the whole queue: the totals
-            hbm_left = hbm_free - grow
-            context = st.gpu_context
-        else:
-            decodes = decodes[:rows]
-            hbm_left = hbm_free - sum(r.next_blocks(bs) for r in decodes)
-            context = sum(r.kv_tokens_after_step for r in decodes)
+        # 2. Restore next-token HBM feasibility.
+        relieved = self._restore_feasibility(plan)
+        if relieved is None:  # partial relief: a migration-only round
+            return plan
+        decodes, hbm_left, context = relieved
 
-        # 3. Reserve host space for future GPU evictions (B_migration over the queue), from
-        #    the running Σ finish-peak of the queue and a scan of its eviction tail.
-        victims = plan.swap_outs
-        queue_peak = st.gpu_queue_peak - sum(v.peak_blocks for v in victims)
-        marks = st.marked.values()
-        marked_peak = sum(r.peak_blocks for r in marks)
-        budget = _Budget(
-            rows=len(decodes) + len(st.marked),
-            tokens=len(decodes) + len(st.marked),
-            hbm=hbm_left - sum(len(r.blocks) + 1 for r in marks),
-            peak=queue_peak + marked_peak,
-            queue_peak=queue_peak,
-            migration=tail_reserve(self._tail_peaks(victims), queue_peak, cfg.gpu_kv_blocks)
-            if queue_peak > cfg.gpu_kv_blocks else 0,  # a queue that fits HBM reserves nothing
-            host_planned=plan.swap_out_blocks,  # swap-outs are same-round host allocations
-            host_growth=st.cpu_growth + st.waiting_growth + sum(
-                v.peak_blocks - len(v.blocks) for v in plan.swap_outs),
-            staging=cfg.staging_blocks,
-        )
+        # 3. Reserve host space for future GPU evictions (B_migration over the queue).
+        budget = self._budget(plan, decodes, hbm_left)
         plan.decodes = list(decodes)
 
         # 4. Admit GPU decodes (done above) and relieve a saturated CPU tier.
@@ -123,6 +79,65 @@ class GpuScheduler:
         swapped_in = plan.decodes[len(decodes):]
         plan.decode_context = context + sum(r.kv_tokens_after_step for r in swapped_in)
         return plan
+
+    def _restore_feasibility(self, plan: GpuPlan) -> tuple[list[Request], int, int] | None:
+        """Step 2, from the running totals of the queue (the requests whose next step needs
+        blocks, and the Σ decode context): swap out victims for the HBM deficit, or run the
+        decode subset whose growth fits. Returns the round's decodes, the HBM left after their
+        growth and their Σ context; None when the victims only partly relieve the deficit
+        (the plan is then a migration-only round)."""
+        st, cfg = self.state, self.state.config
+        bs = cfg.block_size
+        running = st.gpu_running
+        grow = sum(r.next_blocks(bs) for r in st.gpu_growing)
+        hbm_free = st.hbm.free
+        deficit = grow - hbm_free
+        decodes = running
+        if deficit > 0:
+            needs = [r.next_blocks(bs) for r in running]
+            victims, freed = self._choose_victims(deficit, needs)
+            if victims and freed < deficit:
+                self._with_swap_outs(plan, victims)
+                return None
+            if victims:
+                self._with_swap_outs(plan, victims)
+                gone = {id(v) for v in victims}
+                decodes = [r for r in running if id(r) not in gone]
+                hbm_free += sum(len(v.blocks) for v in victims)
+            else:  # nothing evictable: run the decode subset whose growth fits
+                decodes, room = [], hbm_free
+                for r, n in zip(running, needs, strict=True):
+                    if n <= room:
+                        decodes.append(r)
+                        room -= n
+        rows = min(cfg.gpu_max_rows, cfg.gpu_hard_token_limit)
+        if decodes is running and len(running) <= rows:  # the whole queue: the totals
+            return decodes, hbm_free - grow, st.gpu_context
+        decodes = decodes[:rows]
+        return (decodes, hbm_free - sum(r.next_blocks(bs) for r in decodes),
+                sum(r.kv_tokens_after_step for r in decodes))
+
+    def _budget(self, plan: GpuPlan, decodes: list[Request], hbm_left: int) -> _Budget:
+        """Step 3: what steps 4-6 may still spend, with B_migration from the running Σ
+        finish-peak of the queue and a scan of its eviction tail."""
+        st, cfg = self.state, self.state.config
+        victims = plan.swap_outs
+        queue_peak = st.gpu_queue_peak - sum(v.peak_blocks for v in victims)
+        marks = st.marked.values()
+        marked_peak = sum(r.peak_blocks for r in marks)
+        return _Budget(
+            rows=len(decodes) + len(st.marked),
+            tokens=len(decodes) + len(st.marked),
+            hbm=hbm_left - sum(len(r.blocks) + 1 for r in marks),
+            peak=queue_peak + marked_peak,
+            queue_peak=queue_peak,
+            migration=tail_reserve(self._tail_peaks(victims), queue_peak, cfg.gpu_kv_blocks)
+            if queue_peak > cfg.gpu_kv_blocks else 0,  # a queue that fits HBM reserves nothing
+            host_planned=plan.swap_out_blocks,  # swap-outs are same-round host allocations
+            host_growth=st.cpu_growth + st.waiting_growth + sum(
+                v.peak_blocks - len(v.blocks) for v in victims),
+            staging=cfg.staging_blocks,
+        )
 
     def _tail_peaks(self, victims: list[Request]) -> Iterator[int]:
         """Finish-peaks of the GPU ownership queue (running, then prefilling towards HBM) from
