@@ -31,7 +31,12 @@ def test_the_cpu_engine_keeps_one_copy_of_the_weights_in_host_memory():
             assert kept <= total - projections + 64 * 4096, (kept, total, projections)
         else:
             assert total <= kept <= total + 64 * 4096, (kept, total)
-        tokens, busy, _ = engine.step(CpuStep(Route.FULL_CPU, [0], [3], [0], [[1]]), lambda: False)
-        assert set(tokens) == {0} and busy > 0
+        done = engine.step(CpuStep(Route.FULL_CPU, [0], [3], [0], [[1]]), lambda: False)
+        assert set(done.tokens) == {0} and done.busy_s > 0
+        # and where the step went, from the engine's process (a Full-CPU step: no assists)
+        ph = done.phases
+        assert ph.attention_s > 0 and ph.post_s > 0 and ph.assists_s == 0
+        assert ph.setup_s + ph.pre_layer_s + ph.pre_attn_s + ph.kv_write_s + ph.attention_s \
+            + ph.post_s <= done.busy_s
     finally:
         engine.close()
