@@ -34,7 +34,6 @@ simulator's side reads and computes, the runtime's side writes.
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import statistics
 from collections.abc import Iterable, Sequence
@@ -42,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .profile import AssistCalibration, AssistGroup, PerAssistPath, Profile
+from .record_csv import read_rows, write_rows
 
 ASSISTS_FILE = "assists-{policy}.csv"
 COLUMNS = ("path", "rows", "wait_s", "cuda_s", "host_s")
@@ -64,27 +64,13 @@ class AssistCall:
 
 
 def write_assist_calls(calls: Iterable[AssistCall], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(COLUMNS)
-        for c in calls:
-            w.writerow([c.path, c.rows, f"{c.wait_s:.9g}", f"{c.cuda_s:.9g}", f"{c.host_s:.9g}"])
+    write_rows(path, COLUMNS, ((c.path, c.rows, c.wait_s, c.cuda_s, c.host_s) for c in calls))
 
 
 def read_assist_calls(path: Path) -> list[AssistCall]:
     """The rows of one assists CSV; CalibrationError (file, line, field) on a bad one."""
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.reader(f))
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise CalibrationError(f"{path}: cannot read it ({e})") from None
-    if not rows or tuple(rows[0]) != COLUMNS:
-        raise CalibrationError(f"{path}: the header must be {','.join(COLUMNS)}, as "
-                               "`dualpace-hw run` writes")
     calls = []
-    for line, row in enumerate(rows[1:], start=2):
-        if len(row) != len(COLUMNS):
-            raise CalibrationError(f"{path}:{line}: {len(row)} fields, want {len(COLUMNS)}")
+    for line, row in read_rows(path, COLUMNS, CalibrationError):
         kind, *numbers = row
         if kind not in PATHS:
             raise CalibrationError(f"{path}:{line}: path {kind!r}: one of {', '.join(PATHS)}")

@@ -11,10 +11,11 @@ runtime writes, the analyses read.
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterable
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
+
+from .record_csv import read_rows, write_rows
 
 CPU_STEPS_FILE = "cpu-steps-{policy}.csv"
 
@@ -45,27 +46,13 @@ COLUMNS = tuple(f.name for f in fields(CpuStepRecord))
 
 
 def write_cpu_steps(records: Iterable[CpuStepRecord], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(COLUMNS)
-        for r in records:
-            w.writerow([v if isinstance(v, (str, int)) else f"{v:.9g}" for v in astuple(r)])
+    write_rows(path, COLUMNS, (astuple(r) for r in records))
 
 
 def read_cpu_steps(path: Path) -> list[CpuStepRecord]:
     """The rows of one CPU-step record; CpuStepRecordError (file, line) on a bad one."""
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.reader(f))
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise CpuStepRecordError(f"{path}: cannot read it ({e})") from None
-    if not rows or tuple(rows[0]) != COLUMNS:
-        raise CpuStepRecordError(f"{path}: the header must be {','.join(COLUMNS)}, as "
-                                 "`dualpace-hw run` writes")
     out = []
-    for line, row in enumerate(rows[1:], start=2):
-        if len(row) != len(COLUMNS):
-            raise CpuStepRecordError(f"{path}:{line}: {len(row)} fields, want {len(COLUMNS)}")
+    for line, row in read_rows(path, COLUMNS, CpuStepRecordError):
         try:
             route, rows_n, context, *times = row
             rec = CpuStepRecord(route, int(rows_n), int(context), *map(float, times))

@@ -65,11 +65,9 @@ def _replaying(scenario: str, real: str, policy: str, costs: str | None = None):
     return loaded.cost, calls, Journal.read(f"{real}/{JOURNAL_FILE.format(policy=policy)}")
 
 
-def cpu_steps(scenario: str, real: str) -> Iterator[CpuStep]:
-    """DualPace's CPU engine steps in the real run directory `real` of `scenario`, each beside
-    the simulator's price for its plan: pre-layer, overhead, N x (pre-attention + attention)
-    and the route's T_r(b) (its assists at their profiled cost, no stage-boundary waits)."""
-    cost, calls, journal = _replaying(scenario, real, "dualpace")
+def _served_cpu_steps(calls, journal: Journal) -> Iterator[tuple[float, float, int, Route, int]]:
+    """(schedule time, apply time, rows, route, total context) of each CPU step in `journal`,
+    replayed through `calls` (DualPace's)."""
     pending = None
     for e in journal.entries:
         calls(e)
@@ -77,15 +75,23 @@ def cpu_steps(scenario: str, real: str) -> Iterator[CpuStep]:
             continue
         plan = calls.cpu_plan
         if e.call == "schedule" and plan is not None and not plan.is_empty:
-            b = len(plan.batch)
-            model = (cost.cpu_pre_layer(b) + cost.cpu_iteration_overhead
-                     + cost.n_layers * cost.cpu_layer_local(b, plan.context)
-                     + route_cost(cost, b).t(plan.route.value))
-            pending = (e.t, b, plan.route, model)
+            pending = (e.t, len(plan.batch), plan.route, plan.context)
         elif e.call == "apply" and pending is not None:
-            start, b, route, model = pending
-            yield CpuStep(b, route, e.t - start, model, start)
+            start, b, route, context = pending
+            yield start, e.t, b, route, context
             pending = None
+
+
+def cpu_steps(scenario: str, real: str) -> Iterator[CpuStep]:
+    """DualPace's CPU engine steps in the real run directory `real` of `scenario`, each beside
+    the simulator's price for its plan: pre-layer, overhead, N x (pre-attention + attention)
+    and the route's T_r(b) (its assists at their profiled cost, no stage-boundary waits)."""
+    cost, calls, journal = _replaying(scenario, real, "dualpace")
+    for start, end, b, route, context in _served_cpu_steps(calls, journal):
+        model = (cost.cpu_pre_layer(b) + cost.cpu_iteration_overhead
+                 + cost.n_layers * cost.cpu_layer_local(b, context)
+                 + route_cost(cost, b).t(route.value))
+        yield CpuStep(b, route, end - start, model, start)
 
 
 @dataclass(frozen=True)
@@ -122,36 +128,26 @@ def cpu_step_parts(scenario: str, real: str, costs: str | None = None
     recorded = Path(real) / CPU_STEPS_FILE.format(policy="dualpace")
     phases = iter(read_cpu_steps(recorded)) if recorded.is_file() else None
     per_route = {Route.FUSED_ASSIST: cost.n_layers, Route.SPLIT_FINAL: 1, Route.FULL_CPU: 0}
-    n, used, pending = cost.n_layers, 0, None
-    for e in journal.entries:
-        calls(e)
-        if e.engine != "cpu":
+    n, used = cost.n_layers, 0
+    for start, end, b, route, context in _served_cpu_steps(calls, journal):
+        mine = assists[used:used + per_route[route]]
+        used += per_route[route]
+        if len(mine) != per_route[route] or any(a.rows != b for a in mine):
+            raise ValueError(f"{real}: the assist records do not follow the journal's CPU "
+                             f"steps at record {used} (a {b}-row {route.value} step)")
+        split = next(phases, None) if phases is not None else None
+        if split is not None and (split.rows, split.route) != (b, route.value):
+            raise ValueError(f"{recorded}: its steps do not follow the journal's (a {b}-row "
+                             f"{route.value} step against {split.rows} rows {split.route})")
+        if route is not Route.FUSED_ASSIST:
             continue
-        plan = calls.cpu_plan
-        if e.call == "schedule" and plan is not None and not plan.is_empty:
-            pending = (e.t, len(plan.batch), plan.route, plan.context)
-        elif e.call == "apply" and pending is not None:
-            start, b, route, context = pending
-            mine = assists[used:used + per_route[route]]
-            used += per_route[route]
-            if len(mine) != per_route[route] or any(a.rows != b for a in mine):
-                raise ValueError(f"{real}: the assist records do not follow the journal's CPU "
-                                 f"steps at record {used} (a {b}-row {route.value} step)")
-            pending = None
-            split = next(phases, None) if phases is not None else None
-            if split is not None and (split.rows, split.route) != (b, route.value):
-                raise ValueError(f"{recorded}: its steps do not follow the journal's (a {b}-row "
-                                 f"{route.value} step against {split.rows} rows {split.route})")
-            if route is not Route.FUSED_ASSIST:
-                continue
-            idle = (n - 1) * cost.assist_gpu("p", b) + cost.assist_gpu("lA", b)
-            own = (cost.cpu_pre_layer(b) + cost.cpu_iteration_overhead
-                   + n * (cost.cpu_layer_local(b, context) + cost.cpu_assist_write(b)
-                          + cost.cpu_assist_read(b)))
-            yield FusedAssistStep(b, context, e.t - start, sum(a.wait_s for a in mine),
-                                  sum(a.cuda_s for a in mine), idle, own,
-                                  n * cost.cpu_pre_attn(b), n * cost.cpu_decode_attn(b, context),
-                                  split)
+        idle = (n - 1) * cost.assist_gpu("p", b) + cost.assist_gpu("lA", b)
+        own = (cost.cpu_pre_layer(b) + cost.cpu_iteration_overhead
+               + n * (cost.cpu_layer_local(b, context) + cost.cpu_assist_write(b)
+                      + cost.cpu_assist_read(b)))
+        yield FusedAssistStep(b, context, end - start, sum(a.wait_s for a in mine),
+                              sum(a.cuda_s for a in mine), idle, own, n * cost.cpu_pre_attn(b),
+                              n * cost.cpu_decode_attn(b, context), split)
 
 
 def gpu_rounds(scenario: str, real: str, policy: str, costs: str | None = None
