@@ -9,16 +9,26 @@
 //   AMX and vdpbf16ps read: two consecutive k of one output column side by side), so a block
 //   is one contiguous 64*K-byte stream, read once per call from DRAM.
 // * Work split: every thread owns a contiguous range of column blocks and does all rows for
-//   them (no two threads read the same weight bytes), walking its blocks in groups of about
-//   kGroupBytes (4 x 256 KiB at K = 4096, 1 block at K = 14336) so that a group stays in L2
-//   while every 32-row block of x passes over it. Time then grows with rows only through
-//   compute: no cliffs.
+//   them (no two threads read the same weight bytes).
+// * x packed per call (AMX and portable paths): the rows become 32-row panels of 32-k steps,
+//   [ceil(M/32)][K/32][32][32], so an x tile (16 rows x 32 k) is 1 KiB contiguous. Read in
+//   place, a tile's 16 rows lie K*2 bytes apart (8 KiB at K = 4096, 28 KiB at K = 14336: all
+//   in one L1 set, and 16 pages); on the H200 box's Xeon that cost 5-10 % at K = 4096 and
+//   up to 3.4x at K = 14336 (.probe measurements in benchmarks/results/README.md).
+// * Blocking (AMX and portable paths): a thread walks its blocks in groups whose k-chunk of
+//   kChunkK is kChunkGroupBytes of weight; for each chunk every 32-row panel passes over the
+//   group's chunk while it sits in L2, accumulating fp32 partial sums in a per-thread buffer.
+//   The weight is read from DRAM once, and neither the panel chunk nor the weight chunk
+//   outgrows L2 at any K (unchunked, 32 rows of x at K = 14336 and one weight block were
+//   1.8 MiB together, which thrashed SPR's 2 MiB L2 from 64 rows). Time then grows with rows
+//   only through compute: no cliffs.
 // * Tiles: AMX on 32 x 32 fp32 tiles (our 2 x 2 tile kernel, the weight stream prefetched
-//   ahead; or the same tiles through ATen's brgemm, oneDNN's ukernel, which PyTorch's own CPU
-//   flash attention and Inductor's CPU GEMM templates call); AVX512-BF16 (vdpbf16ps, 4 rows
-//   x 32 columns of fp32 accumulators, the weight stream prefetched ahead) where AMX is absent
-//   or rows are few; and a portable path (plain C++, fp32 sums) for every other CPU, which
-//   CI runs to check the layout and tiling on machines with neither.
+//   ahead on the first panel's pass); or the same tiles through ATen's brgemm, oneDNN's
+//   ukernel, which PyTorch's own CPU flash attention and Inductor's CPU GEMM templates call,
+//   on x in place; AVX512-BF16 (vdpbf16ps, 4 rows x 32 columns of fp32 accumulators, the
+//   weight stream prefetched ahead) where AMX is absent or rows are few; and a portable path
+//   (plain C++, fp32 sums, the AMX path's packing and blocking) for every other CPU, which CI
+//   runs to check the layout and the blocking on machines with neither.
 //
 // Ops (namespace dualpace_cpu):
 //   pack_linear_weight(w [N, K] bf16) -> packed [ceil(N/32), K/2, 32, 2] bf16 (zero-padded)
@@ -42,6 +52,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -59,8 +70,15 @@ namespace {
 
 constexpr int64_t kBlockN = 32;  // output columns per packed block (two AMX tiles wide)
 constexpr int64_t kBlockM = 32;  // rows per tile (two AMX tiles high)
-constexpr int64_t kGroupBytes = 1 << 20;  // weight bytes of the column blocks that share one
-                                          // pass over the rows: half the L2 (2 MiB on SPR)
+constexpr int64_t kGroupBytes = 1 << 20;  // x-in-place paths: weight bytes of the column
+                                          // blocks that share one pass over the rows (half
+                                          // of SPR's 2 MiB L2)
+constexpr int64_t kStepK = 32;            // k per AMX tile step (and per x panel step)
+constexpr int64_t kPanelStep = kBlockM * kStepK;  // elements of one panel step, 2 KiB
+constexpr int64_t kChunkK = 1024;         // packed paths: k per chunk (a panel's chunk is
+                                          // 64 KiB)
+constexpr int64_t kChunkGroupBytes = 256 << 10;  // packed paths: weight bytes of a group's
+                                                 // chunk, L2-resident while the panels pass
 constexpr int64_t kRowsU = 4;    // rows per vector micro-kernel call
 
 enum Isa : int64_t { kPortable = 0, kAvx512Bf16 = 1, kBrgemm = 2, kAmx = 3 };
@@ -72,21 +90,25 @@ inline float bf16_to_float(uint16_t v) {
   return f;
 }
 
-// One packed block times `rows` rows of x: c[r][n] = sum_k x[r][k] * W[n][k], fp32.
-// b: the block, [K/2][32][2]; x rows start `ldx` apart.
-void tile_portable(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t k2n,
-                   int64_t rows, float* c) {
+// The packed paths' portable chunk: c (32 rows x 32 fp32, `first` zeroes it) += the panel's
+// rows times the block over k-steps [s0, s1), k2 pairs up to k2n (a last partial step of a K
+// that is not a multiple of 32 reads the panel's zero padding only up to k2n).
+void chunk_portable(const uint16_t* panel, const uint16_t* b, int64_t s0, int64_t s1,
+                    int64_t k2n, int64_t rows, bool first, float* c) {
+  if (first) std::fill(c, c + kBlockM * kBlockN, 0.f);
   for (int64_t r = 0; r < rows; ++r) {
-    float acc[kBlockN] = {0.f};
-    const uint16_t* xr = x + r * ldx;
-    for (int64_t k2 = 0; k2 < k2n; ++k2) {
-      const float x0 = bf16_to_float(xr[2 * k2]), x1 = bf16_to_float(xr[2 * k2 + 1]);
-      const uint16_t* bk = b + k2 * kBlockN * 2;
-      for (int64_t n = 0; n < kBlockN; ++n) {
-        acc[n] += x0 * bf16_to_float(bk[2 * n]) + x1 * bf16_to_float(bk[2 * n + 1]);
+    float* cr = c + r * kBlockN;
+    for (int64_t s = s0; s < s1; ++s) {
+      const uint16_t* xr = panel + s * kPanelStep + r * kStepK;
+      for (int64_t j = 0; j < kStepK / 2 && s * kStepK / 2 + j < k2n; ++j) {
+        const int64_t k2 = s * kStepK / 2 + j;
+        const float x0 = bf16_to_float(xr[2 * j]), x1 = bf16_to_float(xr[2 * j + 1]);
+        const uint16_t* bk = b + k2 * kBlockN * 2;
+        for (int64_t n = 0; n < kBlockN; ++n) {
+          cr[n] += x0 * bf16_to_float(bk[2 * n]) + x1 * bf16_to_float(bk[2 * n + 1]);
+        }
       }
     }
-    std::memcpy(c + r * kBlockN, acc, sizeof(acc));
   }
 }
 
@@ -169,39 +191,50 @@ void configure_tiles(int64_t rows) {
   current = rows;
 }
 
-// ahead: k-steps (of 32) the weight stream is prefetched ahead into L1, 0 for none; the tile
-// loads alone leave the weight's DRAM latency exposed (the next load of a weight tile waits for
-// the multiplies still reading that tile register).
-void tile_amx(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t k, int64_t rows,
-              int64_t ahead, float* c) {
+// One chunk of the packed paths on AMX: c (32 x 32 fp32 as 2 x 2 tiles; `first` starts from
+// zero, else from c) += the panel's rows times the block over k-steps [s0, s1) of `steps`.
+// ahead: k-steps the weight stream is prefetched ahead into L1, 0 for none (the first panel's
+// pass reads the chunk from DRAM; the tile loads alone leave its latency exposed, since the
+// next load of a weight tile waits for the multiplies still reading that tile register).
+void chunk_amx(const uint16_t* panel, const uint16_t* b, int64_t s0, int64_t s1, int64_t steps,
+               int64_t rows, int64_t ahead, bool first, float* c) {
   configure_tiles(rows);
   const bool two = rows > 16;
-  const int64_t sx = ldx * 2, sb = kBlockN * 2 * 2;  // row strides in bytes
-  _tile_zero(0);
-  _tile_zero(1);
-  if (two) {
-    _tile_zero(2);
-    _tile_zero(3);
+  const int64_t sc = kBlockN * 4, sb = kBlockN * 2 * 2, sx = kStepK * 2;  // row strides, bytes
+  if (first) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if (two) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+  } else {
+    _tile_loadd(0, c, sc);
+    _tile_loadd(1, c + 16, sc);
+    if (two) {
+      _tile_loadd(2, c + 16 * kBlockN, sc);
+      _tile_loadd(3, c + 16 * kBlockN + 16, sc);
+    }
   }
-  const int64_t step_elems = 16 * kBlockN * 2, end = (k / 2) * kBlockN * 2;
-  for (int64_t k0 = 0; k0 < k; k0 += 32) {
-    const uint16_t* bk = b + (k0 / 2) * kBlockN * 2;
-    if (ahead && (k0 / 2) * kBlockN * 2 + ahead * step_elems < end) {
+  const int64_t step_elems = (kStepK / 2) * kBlockN * 2;  // one k-step of the block, 2 KiB
+  for (int64_t s = s0; s < s1; ++s) {
+    const uint16_t* bk = b + s * step_elems;
+    if (ahead && s + ahead < steps) {
       const char* p = reinterpret_cast<const char*>(bk + ahead * step_elems);
       for (int line = 0; line < 32; ++line) _mm_prefetch(p + 64 * line, _MM_HINT_T0);
     }
+    const uint16_t* xs = panel + s * kPanelStep;
     _tile_loadd(6, bk, sb);
     _tile_loadd(7, bk + 32, sb);
-    _tile_loadd(4, x + k0, sx);
+    _tile_loadd(4, xs, sx);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
     if (two) {
-      _tile_loadd(5, x + 16 * ldx + k0, sx);
+      _tile_loadd(5, xs + 16 * kStepK, sx);
       _tile_dpbf16ps(2, 5, 6);
       _tile_dpbf16ps(3, 5, 7);
     }
   }
-  const int64_t sc = kBlockN * 4;
   _tile_stored(0, c, sc);
   _tile_stored(1, c + 16, sc);
   if (two) {
@@ -276,10 +309,10 @@ at::Tensor pack_linear_weight(at::Tensor w) {
   return packed;
 }
 
-// The column blocks [lo, hi) of one thread, all rows: groups of kGroupBytes, each group
-// passed over by every kBlockM-row block of x.
-void run_blocks(const uint16_t* x, int64_t m, int64_t k, const uint16_t* packed, int64_t n,
-                int64_t lo, int64_t hi, int64_t isa, int64_t ahead, at::BFloat16* y) {
+// The x-in-place paths (AVX512-BF16, brgemm): the column blocks [lo, hi) of one thread, all
+// rows, in groups of kGroupBytes, each group passed over by every kBlockM-row block of x.
+void run_rows(const uint16_t* x, int64_t m, int64_t k, const uint16_t* packed, int64_t n,
+              int64_t lo, int64_t hi, int64_t isa, at::BFloat16* y) {
   alignas(64) float c[kBlockM * kBlockN];
   const int64_t k2n = k / 2, block_elems = k2n * kBlockN * 2;
   const int64_t group = std::max<int64_t>(1, kGroupBytes / (block_elems * 2));
@@ -290,21 +323,78 @@ void run_blocks(const uint16_t* x, int64_t m, int64_t k, const uint16_t* packed,
       const uint16_t* xm = x + m0 * k;
       for (int64_t blk = g; blk < g_end; ++blk) {
         const uint16_t* b = packed + blk * block_elems;
-        if (isa == kBrgemm) {
-          tile_brgemm(xm, k, b, k, rows, c);
-#if DP_DENSE_AMX
-        } else if (isa == kAmx) {
-          tile_amx(xm, k, b, k, rows, ahead, c);
-#endif
 #if DP_DENSE_AVX512BF16
-        } else if (isa == kAvx512Bf16) {
+        if (isa == kAvx512Bf16) {
           tile_avx512bf16(xm, k, b, k2n, rows, c);
+        } else
 #endif
-        } else {
-          tile_portable(xm, k, b, k2n, rows, c);
+        {
+          tile_brgemm(xm, k, b, k, rows, c);
         }
         const int64_t n0 = blk * kBlockN;
         store_rows(c, rows, std::min(kBlockN, n - n0), y + m0 * n + n0, n);
+      }
+    }
+  }
+}
+
+// x [m, k] -> 32-row panels [ceil(m/32)][steps][32][32] (the header says why), shared by the
+// team: each thread packs a share of the (panel, step) slots. Rows past m are not written (the
+// kernels read `rows` rows only); k past K in the last step is zero.
+void pack_panels(const uint16_t* x, int64_t m, int64_t k, int64_t steps, uint16_t* panels) {
+  const int64_t mb = (m + kBlockM - 1) / kBlockM;
+#pragma omp for collapse(2) schedule(static)
+  for (int64_t i = 0; i < mb; ++i) {
+    for (int64_t s = 0; s < steps; ++s) {
+      uint16_t* dst = panels + (i * steps + s) * kPanelStep;
+      const int64_t k0 = s * kStepK, kn = std::min(kStepK, k - k0);
+      for (int64_t r = 0; r < std::min(kBlockM, m - i * kBlockM); ++r) {
+        uint16_t* d = dst + r * kStepK;
+        std::memcpy(d, x + (i * kBlockM + r) * k + k0, kn * 2);
+        if (kn < kStepK) std::memset(d + kn, 0, (kStepK - kn) * 2);
+      }
+    }
+  }
+}
+
+// The packed paths (AMX, portable): the column blocks [lo, hi) of one thread over the panels,
+// blocked as the header says: per group and k-chunk, every panel passes over the group's chunk;
+// partial sums stay in fp32 in a per-thread buffer until the last chunk, then become bf16 y.
+void run_panels(const uint16_t* panels, int64_t m, int64_t k, int64_t steps,
+                const uint16_t* packed, int64_t n, int64_t lo, int64_t hi, int64_t isa,
+                int64_t ahead, at::BFloat16* y) {
+  const int64_t k2n = k / 2, block_elems = k2n * kBlockN * 2;
+  const int64_t mb = (m + kBlockM - 1) / kBlockM;
+  const int64_t chunk = std::min(steps, kChunkK / kStepK);
+  const int64_t group = std::max<int64_t>(1, kChunkGroupBytes / (chunk * kStepK * kBlockN * 2));
+  thread_local std::vector<float> sums;  // kept across calls: no page faults per call
+  sums.resize(static_cast<size_t>(mb * group * kBlockM * kBlockN));
+  for (int64_t g = lo; g < hi; g += group) {
+    const int64_t g_end = std::min(hi, g + group);
+    for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
+      const int64_t s1 = std::min(steps, s0 + chunk);
+      for (int64_t i = 0; i < mb; ++i) {
+        const int64_t rows = std::min(kBlockM, m - i * kBlockM);
+        const uint16_t* panel = panels + i * steps * kPanelStep;
+        for (int64_t blk = g; blk < g_end; ++blk) {
+          float* c = sums.data() + (i * group + (blk - g)) * kBlockM * kBlockN;
+          const uint16_t* b = packed + blk * block_elems;
+#if DP_DENSE_AMX
+          if (isa == kAmx) {
+            chunk_amx(panel, b, s0, s1, steps, rows, i == 0 ? ahead : 0, s0 == 0, c);
+            continue;
+          }
+#endif
+          chunk_portable(panel, b, s0, s1, k2n, rows, s0 == 0, c);
+        }
+      }
+    }
+    for (int64_t i = 0; i < mb; ++i) {
+      const int64_t rows = std::min(kBlockM, m - i * kBlockM);
+      for (int64_t blk = g; blk < g_end; ++blk) {
+        const int64_t n0 = blk * kBlockN;
+        store_rows(sums.data() + (i * group + (blk - g)) * kBlockM * kBlockN, rows,
+                   std::min(kBlockN, n - n0), y + i * kBlockM * n + n0, n);
       }
     }
   }
@@ -320,12 +410,22 @@ at::Tensor packed_linear(at::Tensor x, at::Tensor packed, int64_t n, int64_t isa
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   at::BFloat16* yp = y.data_ptr<at::BFloat16>();
+  const bool panelled = isa == kAmx || isa == kPortable;
+  const int64_t steps = (k + kStepK - 1) / kStepK, mb = (m + kBlockM - 1) / kBlockM;
+  at::Tensor panels = panelled ? at::empty({mb * steps * kPanelStep}, x.options()) : at::Tensor();
+  uint16_t* pp = panelled ? reinterpret_cast<uint16_t*>(panels.data_ptr<at::BFloat16>())
+                          : nullptr;
   const int threads = static_cast<int>(std::clamp<int64_t>(at::get_num_threads(), 1, nb));
 #pragma omp parallel num_threads(threads)
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t lo = nb * t / nt, hi = nb * (t + 1) / nt;  // contiguous, balanced to one block
-    run_blocks(xp, m, k, wp, n, lo, hi, isa, ahead, yp);
+    if (panelled) {
+      pack_panels(xp, m, k, steps, pp);  // ends in the team's barrier
+      run_panels(pp, m, k, steps, wp, n, lo, hi, isa, ahead, yp);
+    } else {
+      run_rows(xp, m, k, wp, n, lo, hi, isa, yp);
+    }
     if (isa == kBrgemm) at::native::cpublas::brgemm_release(/*is_vnni=*/true);
 #if DP_DENSE_AMX
     if (isa == kAmx) release_tiles();

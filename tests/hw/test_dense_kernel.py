@@ -58,6 +58,23 @@ def test_every_path_matches_a_float32_reference_at_every_row_count(isa):
 
 
 @pytest.mark.parametrize("isa", dense_isas())
+@pytest.mark.parametrize("n_in", [2080, 2082])
+def test_the_k_chunks_groups_and_panels_add_up_at_a_long_k(isa, n_in):
+    """in_features past one k-chunk (1,024): partial sums carried across chunks (65 steps of
+    32: chunks of 32, 32 and 1; 2,082 ends in a step of 2), 10 column blocks in groups of 4,
+    and rows that fill, cross and leave part of the 32-row panels."""
+    if isa == "amx" and n_in % 32:
+        pytest.skip("the AMX path takes in_features in multiples of 32")
+    w = _weight(300, n_in, seed=4)
+    packed = pack_weight(w)
+    g = torch.Generator().manual_seed(5)
+    for rows in (1, 31, 33, 65, 100):
+        x = torch.randn(rows, n_in, generator=g).to(torch.bfloat16)
+        ref = F.linear(x.float(), w.float())
+        assert _rel_err(packed_linear(x, packed, 300, isa), ref) < 8e-3, (isa, rows)
+
+
+@pytest.mark.parametrize("isa", dense_isas())
 def test_rows_do_not_interfere_across_row_blocks(isa):
     """Each output row depends on its own input row only, across the 32-row tiles and the
     4-row micro-kernel groups (a row of zeros gives zeros, wherever it sits)."""
