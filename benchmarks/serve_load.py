@@ -168,7 +168,7 @@ def main() -> None:
     if rc != 0:
         sys.exit(f"error: the server exited with {rc}")
 
-    from dualpace_sim.validate import format_table, validate
+    from dualpace_sim.validation.validate import format_table, validate
 
     result = validate(a.out, a.out / "served.yaml")
     print(format_table(result.table))

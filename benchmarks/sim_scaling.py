@@ -38,11 +38,11 @@ def one_point(policy: str, rate: float, n: int) -> dict:
     """Simulate one point and write its output into a temporary folder."""
     import yaml
 
-    from dualpace_sim.metrics import summarize
-    from dualpace_sim.node_series import write_series
-    from dualpace_sim.plots import plot_timeline
-    from dualpace_sim.records import PolicyRecords, write_policy_records
-    from dualpace_sim.scenario import load_scenario
+    from dualpace_sim.config.scenario import load_scenario
+    from dualpace_sim.plots.figures import plot_timeline
+    from dualpace_sim.results.metrics import summarize
+    from dualpace_sim.results.node_series import write_series
+    from dualpace_sim.results.records import PolicyRecords, write_policy_records
     from dualpace_sim.sim import make_node
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -35,7 +35,7 @@ def one_run(scenario: Path, count_events: bool) -> dict:
 
     import simpy
 
-    from dualpace_sim.scenario import load_scenario
+    from dualpace_sim.config.scenario import load_scenario
     from dualpace_sim.sim import DualPaceNode
 
     counted = [0]

@@ -1,5 +1,6 @@
 """How fast a whole sweep runs: benchmarks/sweep_speed.yaml through the `dualpace-sim sweep`
-code path (:func:`dualpace_sim.sweep.run_sweep`, in-process call, worker processes as usual).
+code path (:func:`dualpace_sim.experiments.sweep.run_sweep`, in-process call, worker processes as
+usual).
 
 Target: 3 policies x >= 8 rates x 2,000 requests in under 120 s on a 2-core machine. Until the
 vLLM and NEO policies exist the scenario lists DualPace only, so compare ``wall_s`` per point.
@@ -15,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dualpace_sim.sweep import format_sustainable, run_sweep
+from dualpace_sim.experiments.sweep import format_sustainable, run_sweep
 
 HERE = Path(__file__).resolve().parent
 SHARED_AZURE = HERE.parent.parent / "shared" / "data" / "azure"

@@ -143,7 +143,7 @@ def run(
 ) -> None:
     """Replay SCENARIO's workload in real time against the real runtime (DualPace, vLLM and
     NEO, each on the runtime's executors) and write what `dualpace-sim run` writes."""
-    from dualpace_sim.scenario import ScenarioError, load_scenario
+    from dualpace_sim.config.scenario import ScenarioError, load_scenario
 
     from .arguments import (
         ArgumentError,
@@ -218,7 +218,7 @@ def serve(
     Ctrl-C; then write what `run` writes, and served.yaml for `dualpace-sim validate`."""
     import torch
 
-    from dualpace_sim.scenario import ScenarioError, load_scenario
+    from dualpace_sim.config.scenario import ScenarioError, load_scenario
 
     from .runtime import EngineFailure
     from .serve import serve_real
@@ -281,7 +281,11 @@ def main() -> None:
     except ImportError:
         sys.stderr.write("dualpace-hw needs the hw extra: pip install -e \".[hw]\"\n")
         sys.exit(2)
-    from dualpace_sim.cli_support import cost_warnings_as_notes, interrupt_on_termination, run_app
+    from dualpace_sim.common.cli_support import (
+        cost_warnings_as_notes,
+        interrupt_on_termination,
+        run_app,
+    )
 
     cost_warnings_as_notes()
     interrupt_on_termination()

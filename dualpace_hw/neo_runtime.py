@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from dualpace_sim.core.journal import describe_neo
 from dualpace_sim.core.neo import NeoConfig, NeoPlan, NeoPredictor, NeoScheduler
-from dualpace_sim.node_series import StateLog, state_reader
-from dualpace_sim.trace_events import CPU_ENGINE, GPU_ENGINE
+from dualpace_sim.results.node_series import StateLog, state_reader
+from dualpace_sim.results.trace_events import CPU_ENGINE, GPU_ENGINE
 
 from .gpu_executor import GpuExecutor
 from .kv import PagedKVPool

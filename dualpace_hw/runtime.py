@@ -9,7 +9,7 @@ its per-layer Python never waits for the GIL behind the GPU engine's kernel laun
 Assist goes CPU-Ready -> GPU-Running -> GPU-Done through a control block in shared memory,
 which the GPU thread polls at stage boundaries only (and continuously when it is idle).
 
-Every core call is recorded, in lock order, in a `Journal`: `dualpace_sim.replay` replays it
+Every core call is recorded, in lock order, in a `Journal`: `dualpace_sim.results.replay` replays it
 through fresh schedulers and must reproduce every plan.
 """
 
@@ -39,8 +39,8 @@ from dualpace_sim.core.vllm import VllmConfig, VllmScheduler
 from dualpace_sim.costs.calibrate import AssistCall
 from dualpace_sim.costs.cpu_step_records import CpuStepRecord
 from dualpace_sim.costs.shapes import ModelShape
-from dualpace_sim.node_series import Busy, NodeSeries, StateLog, state_reader
-from dualpace_sim.trace_events import (
+from dualpace_sim.results.node_series import Busy, NodeSeries, StateLog, state_reader
+from dualpace_sim.results.trace_events import (
     CPU_ENGINE,
     DENSE_ASSIST,
     GPU_ENGINE,
@@ -287,7 +287,8 @@ class Engines:
         self._last_call_s = t
 
     def series(self) -> NodeSeries:
-        """Queues, KV and utilisation over the run (`dualpace_sim.node_series`), the state the
+        """Queues, KV and utilisation over the run (`dualpace_sim.results.node_series`), the state
+        the
         last core call left included; called once the engines have stopped (or were given
         up on: then without their lock, which a stuck one may hold)."""
         self.states.sample(self._last_call_s)

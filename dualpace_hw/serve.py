@@ -14,25 +14,25 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from dualpace_sim.config.scenario import LoadedScenario
 from dualpace_sim.core.journal import JOURNAL_FILE
 from dualpace_sim.costs.calibrate import ASSISTS_FILE, write_assist_calls
 from dualpace_sim.costs.cpu_step_records import CPU_STEPS_FILE, write_cpu_steps
 from dualpace_sim.costs.neo_tables import NeoTables
 from dualpace_sim.costs.shapes import ModelShape
-from dualpace_sim.node_series import (
+from dualpace_sim.plots.figures import plot_timeline
+from dualpace_sim.results.node_series import (
     NodeSeries,
     busy_shares,
     read_series,
     record_series_counters,
     write_series,
 )
-from dualpace_sim.outputs import write_json
-from dualpace_sim.plots import plot_timeline
-from dualpace_sim.provenance import RUN_PROFILE, parquet_metadata, provenance, scenario_hash
-from dualpace_sim.records import read_records, records_frame, write_records
-from dualpace_sim.scenario import LoadedScenario
-from dualpace_sim.summary import policy_summary, stamp
-from dualpace_sim.trace_events import TraceRecorder, write_trace
+from dualpace_sim.results.outputs import write_json
+from dualpace_sim.results.provenance import RUN_PROFILE, parquet_metadata, provenance, scenario_hash
+from dualpace_sim.results.records import read_records, records_frame, write_records
+from dualpace_sim.results.summary import policy_summary, stamp
+from dualpace_sim.results.trace_events import TraceRecorder, write_trace
 
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .cpu_worker import CpuEngineProcess
@@ -137,7 +137,7 @@ def record_policy(out: Path, loaded: LoadedScenario, policy: str, runtime, reque
 def write_results(out: Path, frames: dict[str, pd.DataFrame], summaries: list[dict],
                   series: dict[str, NodeSeries], record: dict) -> None:
     """The records, series and summaries so far (the Parquet files with the provenance
-    `record` as their metadata), each file replaced atomically (`dualpace_sim.outputs`): an
+    `record` as their metadata), each file replaced atomically (`dualpace_sim.results.outputs`): an
     interruption while a later policy writes keeps the earlier ones'."""
     metadata = parquet_metadata(record)
     write_records(pd.concat(frames.values(), ignore_index=True), out / "requests.parquet",

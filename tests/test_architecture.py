@@ -42,13 +42,15 @@ LAZY = "\n\ndef _added():\n    {}\n"  # an import inside a function counts too
 
 @pytest.mark.parametrize(("module", "added", "contract"), [
     ("dualpace_sim/core/plans.py", "import simpy", "core-alone"),
-    ("dualpace_sim/core/plans.py", LAZY.format("from dualpace_sim import records"), "core-alone"),
-    ("dualpace_sim/records.py", LAZY.format("import torch"), "sim-without-torch"),
-    ("dualpace_hw/serve.py", LAZY.format("from dualpace_sim.runner import simulate"),
+    ("dualpace_sim/core/plans.py", LAZY.format("from dualpace_sim.results import records"),
+     "core-alone"),
+    ("dualpace_sim/results/records.py", LAZY.format("import torch"), "sim-without-torch"),
+    ("dualpace_hw/serve.py", LAZY.format("from dualpace_sim.experiments.runner import simulate"),
      "runtime-beside-the-simulator"),
     ("dualpace_sim/costs/model.py", LAZY.format("from dualpace_sim.sim import dualpace"),
      "sim-layers"),
-    ("dualpace_sim/records.py", LAZY.format("from dualpace_sim import runner"), "no-cycles"),
+    ("dualpace_sim/results/records.py", LAZY.format("from dualpace_sim.experiments import runner"),
+     "no-cycles"),
     ("dualpace_hw/kv.py", LAZY.format("from dualpace_hw import runtime"), "no-cycles"),
 ])
 def test_a_forbidden_import_breaks_its_contract(copy, module, added, contract):

@@ -20,8 +20,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from dualpace_sim.cli import app as sim_app
-from dualpace_sim.runner import run_scenario
+from dualpace_sim.cli.main import app as sim_app
+from dualpace_sim.experiments.runner import run_scenario
 
 from .conftest import RTX4090_LLAMA
 
@@ -770,7 +770,7 @@ def test_usage_errors_are_one_line_exit_2(cli, args, expect):
 
     if cli == "hw":
         pytest.importorskip("torch")
-    module = "dualpace_sim.cli" if cli == "sim" else "dualpace_hw.cli"
+    module = "dualpace_sim.cli.main" if cli == "sim" else "dualpace_hw.cli"
     done = subprocess.run([sys.executable, "-c", f"from {module} import main; main()", *args],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr

@@ -67,7 +67,7 @@ def _params(cmd, ctx) -> list:
 
 def _apps():
     from dualpace_hw.cli import app as hw_app
-    from dualpace_sim.cli import app as sim_app
+    from dualpace_sim.cli.main import app as sim_app
 
     return [(sim_app, "dualpace-sim"), (hw_app, "dualpace-hw")]
 
@@ -140,7 +140,7 @@ def _schema_fields(model: type) -> list[tuple[str, str, str | None]]:
 
 
 @pytest.mark.parametrize("page,model", [
-    ("reference/scenario.md", "dualpace_sim.scenario:Scenario"),
+    ("reference/scenario.md", "dualpace_sim.config.scenario:Scenario"),
     ("reference/profile.md", "dualpace_sim.costs.profile:Profile"),
 ])
 def test_schema_references_describe_every_key(pages, page, model):

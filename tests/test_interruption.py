@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dualpace_sim.records import read_records
+from dualpace_sim.results.records import read_records
 
 from .conftest import RTX4090_LLAMA
 from .signals import default_sigint
 
-MAIN = "from dualpace_sim.cli import main; main()"
+MAIN = "from dualpace_sim.cli.main import main; main()"
 SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGKILL]
 
 

@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from dualpace_sim.cli import app
+from dualpace_sim.cli.main import app
 
 runner = CliRunner()
 

@@ -16,9 +16,9 @@ from output_reference import output_reference
 from schema_reference import schema_reference
 
 from dualpace_hw.cli import app as hw_app
-from dualpace_sim.cli import app as sim_app
+from dualpace_sim.cli.main import app as sim_app
+from dualpace_sim.config.scenario import Scenario
 from dualpace_sim.costs.profile import PROFILE_FORMAT, Profile
-from dualpace_sim.scenario import Scenario
 
 log = logging.getLogger("mkdocs.hooks.reference")
 
@@ -31,7 +31,7 @@ extra (`pip install -e ".[hw]"`). Every command also takes `--help`."""
 
 SCENARIO_INTRO = """\
 The YAML file that `dualpace-sim run`, `sweep` and `validate` and `dualpace-hw run` read,
-generated from its schema (`dualpace_sim/scenario.py`, `dualpace_sim/workload/build.py`) when
+generated from its schema (`dualpace_sim/config/scenario.py`, `dualpace_sim/workload/build.py`) when
 the docs are built. Unknown keys are errors; a bad value is reported on one line naming the
 file, the key and what is allowed. Relative paths resolve against the scenario file's folder.
 `scenarios/` has examples: `quickstart.yaml`, one per paper figure under `paper/`, and the H200

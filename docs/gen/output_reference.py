@@ -1,4 +1,4 @@
-"""The output reference page, made from dualpace_sim/output_reference.py at docs build time.
+"""The output reference page, made from dualpace_sim/results/output_reference.py at docs build time.
 
 The tables there are checked against real outputs by the tests, so this page, made from them,
 names every column and key the simulator writes, in its units.
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from mdtext import cell
 
-from dualpace_sim import output_reference as ref
-from dualpace_sim.provenance import PARQUET_KEY
+from dualpace_sim.results import output_reference as ref
+from dualpace_sim.results.provenance import PARQUET_KEY
 
 INTRO = """\
 What `dualpace-sim run`, `sweep`, `capacity` and `validate` write, column by column and key by
-key, generated from `dualpace_sim/output_reference.py` when the docs are built. Times are in
+key, generated from `dualpace_sim/results/output_reference.py` when the docs are built. Times are in
 seconds, rates in requests per second, throughputs in tokens per second. A name with `<P>`
 stands for each of the scenario's `metrics.percentiles` (default 50, 90, 95, 99; `99.9` is
 written `p99.9`), and `<latency>` for each of `ttft`, `tpot`, `itl` and `e2el`. For vLLM's
@@ -23,12 +23,12 @@ benchmark layout of the same numbers (milliseconds), see
 SECTIONS = [
     ("requests.parquet", "One row per request and policy (`run`, each sweep point, "
      "`validate`'s `sim/`). The file's key-value metadata holds the provenance below as JSON "
-     f"under `{PARQUET_KEY}` (`dualpace_sim.records.read_metadata`).", ref.RECORDS),
+     f"under `{PARQUET_KEY}` (`dualpace_sim.results.records.read_metadata`).", ref.RECORDS),
     ("state.parquet", "What the node held over time, one policy after another (`run`, each "
      "sweep point, `dualpace-hw run` and `serve`), with the same metadata. Recorded from the "
      "scheduler's own state after each core call: the simulator samples it as it runs; the "
      "real runtime samples it at each journaled call, so it equals what replaying the journal "
-     "gives (`dualpace_sim.replay.replay_states`). `dualpace-sim plot` draws it "
+     "gives (`dualpace_sim.results.replay.replay_states`). `dualpace-sim plot` draws it "
      "(`state_over_time`).", ref.STATE),
     ("utilisation.parquet", "How busy each engine was over time: the share of each bin it "
      "worked, within 0-1 (busy time is kept in 65,536 fine bins per engine, which double in "

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import yaml
 
+from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.costs.calibrate import (
     ASSISTS_FILE,
     calibrate,
@@ -41,8 +42,7 @@ from dualpace_sim.costs.calibrate import (
 )
 from dualpace_sim.costs.fit import profile_batch_sizes
 from dualpace_sim.costs.profile import Profile
-from dualpace_sim.scenario import load_scenario
-from dualpace_sim.served_rounds import (
+from dualpace_sim.results.served_rounds import (
     PASS_SCENARIO,
     served_round_overhead,
     served_rounds,
@@ -161,7 +161,8 @@ def serve_passes(profile: Profile, profile_path: Path, work: CalibrationWorkload
 def calibrated(profile: Profile, runs: Sequence[Path], profile_path: Path,
                work: CalibrationWorkload) -> Profile:
     """`profile` with q_x, o_x from the passes' assists and the GPU iteration overhead from
-    their served decode rounds (`dualpace_sim.served_rounds`), the runs named relative to the
+    their served decode rounds (`dualpace_sim.results.served_rounds`), the runs named relative to
+    the
     profile's folder (where the committed profile and its calibration live together)."""
     calls = [c for d in runs for c in run_assist_calls(d)]
     cal = calibrate(calls, profile_batch_sizes(profile))

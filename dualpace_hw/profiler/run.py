@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
+from dualpace_sim.common.progress import progress_bar
+from dualpace_sim.config.scenario import ScenarioError
 from dualpace_sim.costs.calibrate import CalibrationError
 from dualpace_sim.costs.fit import FitResult, fit_controls, with_controls
 from dualpace_sim.costs.profile import REVERSED_RATIO, Profile
 from dualpace_sim.costs.shapes import ModelShape
-from dualpace_sim.progress import progress_bar
-from dualpace_sim.scenario import ScenarioError
 
 from .. import hostinfo as box
 from ..cpu_worker import ASSIST_KINDS
@@ -282,7 +282,7 @@ def run_profile(opt: Options) -> Profile:
         with on_cores(box_cores):
             fitted, result = _calibrate(opt, fitted, result, threads)
     try:
-        from dualpace_sim.fit_plots import plot_fit
+        from dualpace_sim.plots.fit import plot_fit
 
         plot_fit(result, opt.out.with_name(opt.out.stem + "-fit"))
     except ImportError as e:  # matplotlib missing on the box: the profile still stands

@@ -3,7 +3,7 @@
 The real runtime records every call it makes into the shared core (arrivals, each engine's
 schedule/commit, the completions of copies and migrations, each apply) under the lock that
 serializes them, so the journal is the total order in which the core saw its inputs. Replaying
-it (`dualpace_sim.replay`) through fresh schedulers on the simulator's clock must reproduce
+it (`dualpace_sim.results.replay`) through fresh schedulers on the simulator's clock must reproduce
 every recorded plan: the proof that the runtime decides nothing outside the core.
 
 Plans are recorded as `describe_*` summaries: request ids and sizes only, JSON-friendly.

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
+from dualpace_sim.common.cli_support import NoteWarning
 from dualpace_sim.costs.profile import (
     AssistCalibration,
     Profile,
@@ -32,7 +33,7 @@ from dualpace_sim.costs.profile import (
 AssistKind = Literal["p", "lA", "lS"]
 
 
-class CostExtrapolationWarning(UserWarning):
+class CostExtrapolationWarning(NoteWarning):
     """A cost was asked for outside the profiled range of a table (named by ``table``)."""
 
     def __init__(self, message: str, table: str = "") -> None:

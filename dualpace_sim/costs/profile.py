@@ -29,9 +29,9 @@ from pydantic import (
     model_validator,
 )
 
+from dualpace_sim.common.inputs import InputFileError, load_yaml, read_text
 from dualpace_sim.core.routing import legal_thresholds
 from dualpace_sim.costs.shapes import ModelShape
-from dualpace_sim.inputs import InputFileError, load_yaml, read_text
 
 PROFILE_FORMAT = "dualpace-profile/1"
 # What `dualpace-hw profile --quick` appends to a profile's provenance notes.
@@ -165,7 +165,7 @@ class Box(StrictModel):
 class RoundOverheadCalibration(StrictModel):
     """Where the GPU iteration overhead came from when it came from serving runs: the
     profiler's timing corrected by the median excess of the runs' decode-only rounds with the
-    CPU engine idle over their model (`dualpace_sim.served_rounds`)."""
+    CPU engine idle over their model (`dualpace_sim.results.served_rounds`)."""
 
     runs: list[str] = Field(description="the run directories whose rounds were used")
     rounds: PositiveInt = Field(description="decode-only rounds with the CPU engine idle")
@@ -424,7 +424,7 @@ def validate_file_data(model: type[_M], data: Any, source: str) -> _M:
 
 def read_file_data(path: str | Path) -> Any:
     """Parse a YAML (or ``.json``) file; a file that is not a readable, bounded UTF-8 text and
-    syntax errors become a ProfileError naming the file (`dualpace_sim.inputs`)."""
+    syntax errors become a ProfileError naming the file (`dualpace_sim.common.inputs`)."""
     path = Path(path)
     try:
         text = read_text(path)

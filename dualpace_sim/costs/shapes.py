@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from dualpace_sim.inputs import read_text
+from dualpace_sim.common.inputs import read_text
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from dualpace_sim.results.trace_events import TraceRecorder
+
 from ..core import SchedulerConfig
 from ..core.neo import NeoConfig
 from ..core.vllm import VllmConfig
 from ..costs import CostModel
-from ..trace_events import TraceRecorder
 from .dualpace import DualPaceNode
 from .neo import NeoNode
 from .node import Node, SimOutput, SimStats, SimulationStalled

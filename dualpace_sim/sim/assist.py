@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import simpy
 
+from dualpace_sim.results.trace_events import DENSE_ASSIST, TraceRecorder
+
 from ..costs import CostModel
-from ..trace_events import DENSE_ASSIST, TraceRecorder
 from .gpu import GpuDevice
 from .links import Link
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from dualpace_sim.results.node_series import StateLog, state_reader
+from dualpace_sim.results.trace_events import CPU_ENGINE, GPU_ENGINE, TraceRecorder
+
 from ..core import (
     CpuPlan,
     CpuResult,
@@ -23,8 +26,6 @@ from ..core import (
     assist_reachable,
 )
 from ..costs import CostModel
-from ..node_series import StateLog, state_reader
-from ..trace_events import CPU_ENGINE, GPU_ENGINE, TraceRecorder
 from .assist import AssistBooker
 from .node import Node, ids
 

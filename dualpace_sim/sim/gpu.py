@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import simpy
 
-from ..node_series import Intervals
+from dualpace_sim.results.node_series import Intervals
 
 
 class GpuDevice:

@@ -7,7 +7,7 @@ order, and booking needs no extra events on the hot path.
 
 from __future__ import annotations
 
-from ..node_series import Intervals
+from dualpace_sim.results.node_series import Intervals
 
 
 class Channel:

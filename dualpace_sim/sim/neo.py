@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from dualpace_sim.results.node_series import StateLog, state_reader
+from dualpace_sim.results.trace_events import CPU_ENGINE, GPU_ENGINE, TraceRecorder
+
 from ..core import Request
 from ..core.neo import NeoConfig, NeoHostFull, NeoPlan, NeoPredictor, NeoScheduler, layer_time
 from ..costs import CostModel
 from ..costs.neo_tables import NeoTables
-from ..node_series import StateLog, state_reader
-from ..trace_events import CPU_ENGINE, GPU_ENGINE, TraceRecorder
 from .node import Node, SimulationStalled, ids
 
 

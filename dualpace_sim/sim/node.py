@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 import simpy
 from simpy.events import NORMAL
 
+from dualpace_sim.results.node_series import Busy, Intervals, NodeSeries, StateLog
+from dualpace_sim.results.trace_events import GPU_ENGINE, PCIE_D2H, PCIE_H2D, TraceRecorder
+
 from ..core import GpuPlan, GpuResult, Request
 from ..core.neo import NeoPlan
 from ..costs import CostModel
-from ..node_series import Busy, Intervals, NodeSeries, StateLog
-from ..trace_events import GPU_ENGINE, PCIE_D2H, PCIE_H2D, TraceRecorder
 from .gpu import GpuDevice
 from .links import Link
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from dualpace_sim.results.node_series import StateLog, state_reader
+from dualpace_sim.results.trace_events import TraceRecorder
+
 from ..core import Request
 from ..core.vllm import VllmConfig, VllmScheduler
 from ..costs import CostModel
-from ..node_series import StateLog, state_reader
-from ..trace_events import TraceRecorder
 from .node import Node
 
 

@@ -15,7 +15,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from dualpace_sim.progress import progress_bar
+from dualpace_sim.common.progress import progress_bar
 from dualpace_sim.workload.registry import TraceEntry, trace_entry
 from dualpace_sim.workload.spec import WorkloadError
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dualpace_sim.inputs import InputFileError, check_regular_file
+from dualpace_sim.common.inputs import InputFileError, check_regular_file
 from dualpace_sim.workload.spec import WorkloadError
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")

@@ -28,7 +28,7 @@ def test_core_sources_import_only_the_standard_library_and_the_core():
     assert not offenders, offenders
 
 
-@pytest.mark.parametrize("module", ["dualpace_sim.core", "dualpace_sim.trace_events"])
+@pytest.mark.parametrize("module", ["dualpace_sim.core", "dualpace_sim.results.trace_events"])
 def test_importing_loads_no_backend(module):
     """The trace recorder too: the real runtime writes its timelines through it."""
     code = (f"import sys, {module}; "

@@ -9,7 +9,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from dualpace_sim.cli import app
+from dualpace_sim.cli.main import app
 from dualpace_sim.costs import CostModel, load_profile
 from dualpace_sim.costs.calibrate import (
     ASSISTS_FILE,

@@ -3,7 +3,7 @@ run's own keys and counters, every key in the output reference."""
 
 from __future__ import annotations
 
-from dualpace_sim import output_reference as ref
+from dualpace_sim.results import output_reference as ref
 
 
 def check_real_summary(summary: dict) -> None:

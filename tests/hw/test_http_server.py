@@ -251,7 +251,7 @@ def test_sigterm_mid_stream_ends_the_stream_and_leaves_nothing_behind(tmp_path, 
     (summary,) = json.loads((s.out / "summary.json").read_text())
     check_real_summary(summary)
     assert summary["served"] and summary["rate"] is None and summary["finished"]["abort"] >= 1
-    from dualpace_sim.validate import validate
+    from dualpace_sim.validation.validate import validate
 
     moved = tmp_path / "moved"  # a served folder validates wherever it is copied to
     shutil.copytree(s.out, moved)

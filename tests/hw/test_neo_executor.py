@@ -11,10 +11,10 @@ import torch
 from dualpace_hw.model import greedy
 from dualpace_hw.neo_executor import CpuAttention, NeoExecutor
 from dualpace_hw.serve import build_runtime
+from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.core.neo import NeoPlan, SubBatch
 from dualpace_sim.core.plans import BlockMoves
 from dualpace_sim.core.request import Owner, blocks_for
-from dualpace_sim.scenario import load_scenario
 
 from .reference import dense_logits
 from .test_gpu_executor import BS, PROMPTS, Box

@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from dualpace_hw.serve import build_runtime
+from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.core import Owner
 from dualpace_sim.core.journal import JOURNAL_FILE, Journal
-from dualpace_sim.records import read_records, records_frame
-from dualpace_sim.replay import replay, replay_run
-from dualpace_sim.scenario import load_scenario
+from dualpace_sim.results.records import read_records, records_frame
+from dualpace_sim.results.replay import replay, replay_run
 
 from .scenarios import tiny_scenario
 from .test_runtime import check_reference_tokens
@@ -93,7 +93,7 @@ def test_run_policy_neo_writes_what_validate_replays(tmp_path):
     reports = replay_run(out, load_scenario(path))
     assert [r.policy for r in reports] == ["vllm", "neo"]
     assert all(r.ok and r.records_match for r in reports), [r.line() for r in reports]
-    sim = [sys.executable, "-c", "from dualpace_sim.cli import main; main()"]
+    sim = [sys.executable, "-c", "from dualpace_sim.cli.main import main; main()"]
     checked = subprocess.run([*sim, "validate", str(path), "--real", str(out),
                               "--out", str(tmp_path / "v")],
                              capture_output=True, text=True, timeout=300)

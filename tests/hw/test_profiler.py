@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from dualpace_hw.cli import app as hw_app
 from dualpace_hw.profiler import run as profile_run
 from dualpace_hw.profiler.measure import Measurer
-from dualpace_sim.cli import app as sim_app
+from dualpace_sim.cli.main import app as sim_app
 from dualpace_sim.costs import load_profile
 from dualpace_sim.costs.profile import check_magnitudes
 

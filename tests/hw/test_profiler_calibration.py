@@ -16,10 +16,10 @@ from dualpace_hw.profiler.calibration import (
     passes,
     serve_passes,
 )
-from dualpace_sim.cli import app as sim_app
+from dualpace_sim.cli.main import app as sim_app
+from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.costs import load_profile
 from dualpace_sim.costs.calibrate import run_assist_calls
-from dualpace_sim.scenario import load_scenario
 
 from .scenarios import tiny_scenario
 

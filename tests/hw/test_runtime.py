@@ -26,17 +26,17 @@ from dualpace_hw.model import Model, ModelWeights, greedy
 from dualpace_hw.runtime import AssistServer, EngineFailure, Engines
 from dualpace_hw.serve import build_runtime, run_real
 from dualpace_hw.shm import SharedArena
-from dualpace_sim.cli import app as sim_app
+from dualpace_sim.cli.main import app as sim_app
+from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.core import Owner
 from dualpace_sim.core.journal import JOURNAL_FILE, Journal
 from dualpace_sim.costs import load_profile
 from dualpace_sim.costs.calibrate import run_assist_calls
 from dualpace_sim.costs.cpu_step_records import CPU_STEPS_FILE, read_cpu_steps
-from dualpace_sim.node_series import ENGINES, STATE_COLUMNS, read_series
-from dualpace_sim.provenance import PARQUET_KEY, RUN_PROFILE, provenance, scenario_hash
-from dualpace_sim.records import read_metadata, read_records
-from dualpace_sim.replay import replay, replay_run, replay_states
-from dualpace_sim.scenario import load_scenario
+from dualpace_sim.results.node_series import ENGINES, STATE_COLUMNS, read_series
+from dualpace_sim.results.provenance import PARQUET_KEY, RUN_PROFILE, provenance, scenario_hash
+from dualpace_sim.results.records import read_metadata, read_records
+from dualpace_sim.results.replay import replay, replay_run, replay_states
 
 from ..conftest import REPO_ROOT
 from ..signals import default_sigint
@@ -528,7 +528,7 @@ def test_a_run_stopped_by_sigterm_keeps_what_it_did(tmp_path):
     records = read_records(out / "requests.parquet")
     assert len(records) == 40 and records["n_tokens"].sum() > 0
     assert (out / JOURNAL_FILE.format(policy="dualpace")).exists()
-    sim = [sys.executable, "-c", "from dualpace_sim.cli import main; main()"]
+    sim = [sys.executable, "-c", "from dualpace_sim.cli.main import main; main()"]
     plotted = subprocess.run([*sim, "plot", str(out)], capture_output=True, text=True,
                              timeout=120)
     assert plotted.returncode == 0, plotted.stderr

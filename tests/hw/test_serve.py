@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from dualpace_hw.cli import app
 from dualpace_hw.serve import build_runtime, open_checkpoint
+from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.costs import load_profile
-from dualpace_sim.scenario import load_scenario
 
 from .checkpoints import make_checkpoint, tiny_scenario
 

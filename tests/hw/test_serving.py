@@ -13,9 +13,9 @@ import torch
 from dualpace_hw.sampling import SamplingParams
 from dualpace_hw.serve import build_runtime, open_checkpoint, served_scenario
 from dualpace_hw.serving import EngineService, held_back
+from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.core import Owner
-from dualpace_sim.replay import replay
-from dualpace_sim.scenario import load_scenario
+from dualpace_sim.results.replay import replay
 
 from .checkpoints import make_checkpoint, reference_model, reference_tokens, tiny_scenario
 

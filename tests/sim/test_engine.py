@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.core import Owner
 from dualpace_sim.costs import CostModel, load_profile
 from dualpace_sim.costs.profile import AssistCalibration, AssistGroup, PerAssistPath
-from dualpace_sim.records import records_frame, write_records
-from dualpace_sim.scenario import load_scenario
+from dualpace_sim.results.records import records_frame, write_records
 from dualpace_sim.sim import DualPaceNode
 from dualpace_sim.sim.assist import AssistBooker
 from tests.conftest import RTX4090_LLAMA

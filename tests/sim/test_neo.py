@@ -7,11 +7,11 @@ from dataclasses import asdict
 
 import pytest
 
+from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.core import Request
 from dualpace_sim.core.neo import NeoPlan, SubBatch, layer_time
 from dualpace_sim.costs import CostModel, ModelShape, load_spec, synthesize
 from dualpace_sim.costs.neo_tables import NeoTables
-from dualpace_sim.scenario import load_scenario
 from dualpace_sim.sim import make_node
 from dualpace_sim.sim.neo import executed_layer_s
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from dualpace_sim.scenario import load_scenario
+from dualpace_sim.config.scenario import load_scenario
+from dualpace_sim.results.trace_events import TraceRecorder
 from dualpace_sim.sim import make_node
-from dualpace_sim.trace_events import TraceRecorder
 
 
 def test_a_trace_recorder_changes_nothing_in_the_simulation(write_scenario):

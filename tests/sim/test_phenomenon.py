@@ -5,9 +5,9 @@ scheduled CPU engine keeps them advancing."""
 
 from __future__ import annotations
 
-from dualpace_sim.metrics import longest_cpu_stall
-from dualpace_sim.records import records_frame
-from dualpace_sim.scenario import load_scenario
+from dualpace_sim.config.scenario import load_scenario
+from dualpace_sim.results.metrics import longest_cpu_stall
+from dualpace_sim.results.records import records_frame
 from dualpace_sim.sim import make_node
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rounds import gpu_rounds, run_arguments, selected_runs
 
-from dualpace_sim.served_rounds import ServedRound
+from dualpace_sim.results.served_rounds import ServedRound
 
 CLASSES = ("decode only", "prefill, < 256 tokens", "prefill, 256-1,023", "prefill, >= 1,024")
 

@@ -1,7 +1,8 @@
 """Each real GPU round of a validation run beside the cost model's price for the same plan.
 
 The runtime journals every call into the scheduling core; replaying a journal through the core
-(`dualpace_sim.replay`) gives back each round's plan, so its real time (schedule to apply) can
+(`dualpace_sim.results.replay`) gives back each round's plan, so its real time (schedule to apply)
+can
 be set beside what the simulator charges for that plan. Shared by the analysis scripts here.
 """
 
@@ -18,10 +19,10 @@ from dualpace_sim.core.routing import Route
 from dualpace_sim.costs.calibrate import ASSISTS_FILE, read_assist_calls
 from dualpace_sim.costs.cpu_step_records import CPU_STEPS_FILE, CpuStepRecord, read_cpu_steps
 from dualpace_sim.costs.fit import route_cost
-from dualpace_sim.replay import journal_calls
-from dualpace_sim.served_rounds import ServedRound, served_rounds
+from dualpace_sim.results.replay import journal_calls
+from dualpace_sim.results.served_rounds import ServedRound, served_rounds
 from dualpace_sim.sim.neo import executed_layer_s
-from dualpace_sim.validate import load_for_real_run
+from dualpace_sim.validation.validate import load_for_real_run
 
 
 def run_arguments(description: str) -> argparse.Namespace:
@@ -153,7 +154,7 @@ def cpu_step_parts(scenario: str, real: str, costs: str | None = None
 def gpu_rounds(scenario: str, real: str, policy: str, costs: str | None = None
                ) -> Iterator[ServedRound]:
     """One policy's GPU rounds in the real run directory `real` of `scenario` (priced with
-    the profile the run used, or `costs` where given): `dualpace_sim.served_rounds`."""
+    the profile the run used, or `costs` where given): `dualpace_sim.results.served_rounds`."""
     loaded = load_for_real_run(scenario, Path(real), Path(costs) if costs else None)[0]
     return served_rounds(loaded, Path(real), policy)
 

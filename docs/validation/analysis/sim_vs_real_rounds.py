@@ -21,8 +21,8 @@ from pathlib import Path
 
 from rounds import cpu_steps, gpu_rounds, run_arguments
 
-from dualpace_sim.runner import run_scenario
-from dualpace_sim.trace_events import CPU_ENGINE, GPU_ENGINE
+from dualpace_sim.experiments.runner import run_scenario
+from dualpace_sim.results.trace_events import CPU_ENGINE, GPU_ENGINE
 
 CPU_BATCHES = ((1, 15), (16, 63), (64, 127), (128, 159), (160, 179), (180, 1 << 30))
 

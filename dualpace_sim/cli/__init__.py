@@ -1,0 +1,1 @@
+"""The `dualpace-sim` command line: run, sweep, plot, validate, profile and traces."""

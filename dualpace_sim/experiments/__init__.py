@@ -1,0 +1,2 @@
+"""Driving the simulator: one run, sweeps over offered load and their executors, capacity
+searches and paper studies."""

@@ -1,0 +1,1 @@
+"""Simulated against real: `dualpace-sim validate` and the validation limits."""
