@@ -23,10 +23,10 @@ import time
 import torch
 from cpu_independence import BS, beside_fused_assist, cpu_step, engine_beside, gpu_plan
 
-from dualpace_hw.gpu_executor import GpuExecutor
-from dualpace_hw.kv import PagedKVPool
-from dualpace_hw.model import Model, ModelWeights
-from dualpace_hw.tokens import TokenStore
+from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.model import Model, ModelWeights
+from dualpace_hw.memory.kv import PagedKVPool
+from dualpace_hw.memory.tokens import TokenStore
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs.shapes import ModelShape
 

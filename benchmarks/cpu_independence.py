@@ -1,13 +1,13 @@
 """Does the CPU engine keep its pace while the GPU engine is saturated?
 
-The runtime's CPU engine executes in its own process (dualpace_hw.cpu_worker) so that the GPU
-engine's Python (kernel launches, stage loop) cannot hold it up through the GIL. This measures
-that: the CPU engine's decode steps per second alone, then while a thread of this process drives
-the GPU executor flat out with mixed prefill+decode batches (`--eager-chunked`: without the
-chunked rounds' layer graphs, the most Python per GPU second), and the ratio, judged against
-0.90. For contrast it measures the same CPU executor run in a thread of this process (the
-design the runtime does not use), and the GPU engine's rounds per second alone vs beside the
-CPU engine (host memory and PCIe interference).
+The runtime's CPU engine executes in its own process (dualpace_hw.runtime.cpu_worker) so that the
+GPU engine's Python (kernel launches, stage loop) cannot hold it up through the GIL. This measures
+that: the CPU engine's decode steps per second alone, then while a thread of this process drives the
+GPU executor flat out with mixed prefill+decode batches (`--eager-chunked`: without the chunked
+rounds' layer graphs, the most Python per GPU second), and the ratio, judged against 0.90. For
+contrast it measures the same CPU executor run in a thread of this process (the design the runtime
+does not use), and the GPU engine's rounds per second alone vs beside the CPU engine (host memory
+and PCIe interference).
 
 The GPU engine's side is measured twice. Beside Full-CPU steps (no Dense Assist) it runs whole
 rounds; beside Fused-Assist steps it runs them as the runtime serves them (`run_forward`: stage
@@ -32,15 +32,15 @@ import time
 
 import torch
 
-from dualpace_hw.cpu_executor import CpuExecutor, CpuStep
-from dualpace_hw.cpu_worker import CpuEngineProcess
-from dualpace_hw.gpu_executor import GpuExecutor
-from dualpace_hw.kv import PagedKVPool
-from dualpace_hw.model import Model, ModelWeights
-from dualpace_hw.packed import pack_model
-from dualpace_hw.processes import cores_off
-from dualpace_hw.runtime import AssistServer, Engines, run_forward
-from dualpace_hw.tokens import TokenStore
+from dualpace_hw.executors.cpu_executor import CpuExecutor, CpuStep
+from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.model import Model, ModelWeights
+from dualpace_hw.executors.packed import pack_model
+from dualpace_hw.memory.kv import PagedKVPool
+from dualpace_hw.memory.tokens import TokenStore
+from dualpace_hw.runtime.cpu_worker import CpuEngineProcess
+from dualpace_hw.runtime.engines import AssistServer, Engines, run_forward
+from dualpace_hw.runtime.processes import cores_off
 from dualpace_sim.core import GpuPlan, PrefillChunk, Request
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs.shapes import ModelShape

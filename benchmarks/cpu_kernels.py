@@ -24,15 +24,15 @@ from pathlib import Path
 
 import torch
 
-from dualpace_hw.attention import paged_decode_attention
-from dualpace_hw.cpu_attention import (
+from dualpace_hw.executors.packed import cpu_clock_ghz, cpu_features
+from dualpace_hw.kernels.attention import paged_decode_attention
+from dualpace_hw.kernels.cpu_attention import (
     cpu_paged_decode_attention,
     extension_info,
     hugepage_empty,
     stream_read,
     torch_paged_decode_attention,
 )
-from dualpace_hw.packed import cpu_clock_ghz, cpu_features
 
 GiB = 1 << 30
 KV_HEADS, HEAD_DIM, N_HEADS, BLOCK = 8, 128, 32, 16

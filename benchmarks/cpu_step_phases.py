@@ -32,14 +32,14 @@ from collections.abc import Callable
 import torch
 from profile_args import add_cpu_step_arguments, add_profile_arguments, profile_from
 
-from dualpace_hw import cpu_executor
-from dualpace_hw.cpu_executor import CpuExecutor, CpuStep
-from dualpace_hw.gpu_executor import GpuExecutor
-from dualpace_hw.kv import PagedKVPool
-from dualpace_hw.model import Model, ModelWeights
-from dualpace_hw.packed import pack_model
-from dualpace_hw.shm import SharedArena
-from dualpace_hw.tokens import TokenStore
+from dualpace_hw.executors import cpu_executor
+from dualpace_hw.executors.cpu_executor import CpuExecutor, CpuStep
+from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.model import Model, ModelWeights
+from dualpace_hw.executors.packed import pack_model
+from dualpace_hw.memory.kv import PagedKVPool
+from dualpace_hw.memory.shm import SharedArena
+from dualpace_hw.memory.tokens import TokenStore
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs import CostModel, ModelShape
 

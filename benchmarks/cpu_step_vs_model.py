@@ -33,13 +33,13 @@ import time
 import torch
 from profile_args import add_cpu_step_arguments, add_profile_arguments, profile_from
 
-from dualpace_hw.cpu_executor import CpuStep
-from dualpace_hw.cpu_worker import CpuEngineProcess
-from dualpace_hw.gpu_executor import GpuExecutor
-from dualpace_hw.kv import PagedKVPool
-from dualpace_hw.model import Model, ModelWeights
-from dualpace_hw.runtime import AssistServer, Engines
-from dualpace_hw.tokens import TokenStore
+from dualpace_hw.executors.cpu_executor import CpuStep
+from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.model import Model, ModelWeights
+from dualpace_hw.memory.kv import PagedKVPool
+from dualpace_hw.memory.tokens import TokenStore
+from dualpace_hw.runtime.cpu_worker import CpuEngineProcess
+from dualpace_hw.runtime.engines import AssistServer, Engines
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs import CostModel
 from dualpace_sim.costs.fit import route_cost

@@ -1,5 +1,6 @@
 """What glibc's malloc costs the CPU engine's per-layer temporaries, and what keeping freed
-memory (`dualpace_hw.allocator.keep_freed_memory`, which the CPU executor applies) gives back.
+memory (`dualpace_hw.memory.allocator.keep_freed_memory`, which the CPU executor applies)
+gives back.
 
 Times one layer's pre-attention stage as the CPU engine runs it (RMSNorm, the packed QKV
 projection, RoPE on q and k; `Model.pre_attn` over `pack_model`'s projections) and RoPE alone,
@@ -41,9 +42,9 @@ def child(args: argparse.Namespace) -> None:
     """One mode's figures, as JSON on stdout."""
     import torch
 
-    from dualpace_hw.allocator import keep_freed_memory
-    from dualpace_hw.model import Model, ModelWeights
-    from dualpace_hw.packed import pack_model
+    from dualpace_hw.executors.model import Model, ModelWeights
+    from dualpace_hw.executors.packed import pack_model
+    from dualpace_hw.memory.allocator import keep_freed_memory
     from dualpace_sim.costs.shapes import ModelShape
 
     if args.child == MODES[1]:

@@ -33,14 +33,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from dualpace_hw.cpu_attention import extension_info, pin_threads, stream_read
-from dualpace_hw.packed import (
+from dualpace_hw.executors.packed import (
     PackedDense,
     amx_tile_peak,
     dense_isas,
     pack_weight,
     packed_linear,
 )
+from dualpace_hw.kernels.cpu_attention import extension_info, pin_threads, stream_read
 from dualpace_sim.costs import ModelShape, load_profile
 
 HERE = Path(__file__).parent
@@ -190,8 +190,12 @@ def prefill(shape: ModelShape, device: str, quick: bool, roofline: str | None) -
     what a round's GPU spends when its host runs ahead), which the roofline ratio uses; and
     one call with its own synchronization and lengths upload (the host-bound latency, the
     figure before session 16)."""
-    from dualpace_hw.attention import flash_lengths, masked_prefill_attention, prefill_attention
-    from dualpace_hw.kv import PagedKVPool
+    from dualpace_hw.kernels.attention import (
+        flash_lengths,
+        masked_prefill_attention,
+        prefill_attention,
+    )
+    from dualpace_hw.memory.kv import PagedKVPool
     from dualpace_sim.costs import CostModel, load_spec, synthesize
 
     cm = CostModel(synthesize(load_spec(roofline), shape)) if roofline else None
@@ -349,7 +353,7 @@ def main() -> None:
     res: dict = {"command": " ".join(["python", *sys.argv]), "torch": torch.__version__,
                  "extension": extension_info().get("name"), "model": shape.name,
                  "threads": args.cpu_cores or len(os.sched_getaffinity(0))}
-    from dualpace_hw.packed import cpu_features
+    from dualpace_hw.executors.packed import cpu_features
 
     res["box"] = cpu_features()["model_name"]
     tmp = (args.out.parent if args.out else Path("."))

@@ -34,15 +34,15 @@ from collections.abc import Callable
 import torch
 from profile_args import add_profile_arguments, profile_from
 
-from dualpace_hw.cpu_worker import CpuEngineProcess
-from dualpace_hw.gpu_executor import ForwardState, GpuExecutor
-from dualpace_hw.kv import PagedKVPool
-from dualpace_hw.migrate import CopyGroup
-from dualpace_hw.model import Model, ModelWeights
-from dualpace_hw.processes import on_cores
+from dualpace_hw.executors.gpu_executor import ForwardState, GpuExecutor
+from dualpace_hw.executors.model import Model, ModelWeights
+from dualpace_hw.memory.kv import PagedKVPool
+from dualpace_hw.memory.migrate import CopyGroup
+from dualpace_hw.memory.tokens import TokenStore
 from dualpace_hw.profiler.measure import small_mixed_plan
-from dualpace_hw.runtime import AssistServer, Engines
-from dualpace_hw.tokens import TokenStore
+from dualpace_hw.runtime.cpu_worker import CpuEngineProcess
+from dualpace_hw.runtime.engines import AssistServer, Engines
+from dualpace_hw.runtime.processes import on_cores
 from dualpace_sim.costs import CostModel
 
 

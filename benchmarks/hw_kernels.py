@@ -34,11 +34,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dualpace_hw.gpu_executor import GpuExecutor  # noqa: E402
-from dualpace_hw.kv import PagedKVPool  # noqa: E402
-from dualpace_hw.migrate import Migrator  # noqa: E402
-from dualpace_hw.model import Dense, LayerWeights, Model, ModelWeights  # noqa: E402
-from dualpace_hw.tokens import TokenStore  # noqa: E402
+from dualpace_hw.executors.gpu_executor import GpuExecutor  # noqa: E402
+from dualpace_hw.executors.model import Dense, LayerWeights, Model, ModelWeights  # noqa: E402
+from dualpace_hw.memory.kv import PagedKVPool  # noqa: E402
+from dualpace_hw.memory.migrate import Migrator  # noqa: E402
+from dualpace_hw.memory.tokens import TokenStore  # noqa: E402
 from dualpace_sim.core.plans import GpuPlan  # noqa: E402
 from dualpace_sim.core.request import Request  # noqa: E402
 from dualpace_sim.costs.shapes import ModelShape  # noqa: E402
@@ -276,7 +276,7 @@ def gpu_decode_section(out: dict, copy_bw: float, quick: bool) -> None:
             roof = (kv_bytes + wbytes) / copy_bw
             eff = roof / t_gpu
             # the Triton paged decode kernel alone, one layer
-            from dualpace_hw import triton_decode
+            from dualpace_hw.kernels import triton_decode
 
             bt = ex._last_batch
             table = torch.zeros(b, max(len(t) for t in bt.tables), dtype=torch.int32)

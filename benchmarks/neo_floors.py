@@ -26,13 +26,13 @@ import torch
 from gpu_host_floor import median_s
 from profile_args import add_profile_arguments, profile_from
 
-from dualpace_hw.gpu_executor import GpuExecutor
-from dualpace_hw.kv import PagedKVPool
-from dualpace_hw.model import Model, ModelWeights
+from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.model import Model, ModelWeights
+from dualpace_hw.memory.kv import PagedKVPool
+from dualpace_hw.memory.tokens import TokenStore
 from dualpace_hw.profiler.grids import Grids
 from dualpace_hw.profiler.measure import Measurer, decode_plan
 from dualpace_hw.profiler.timing import Protocol, Timer
-from dualpace_hw.tokens import TokenStore
 from dualpace_sim.core.neo import NeoPlan, SubBatch
 from dualpace_sim.costs import CostModel
 from dualpace_sim.costs.neo_tables import NeoTables

@@ -1,7 +1,8 @@
 """What sampling adds to a decode round, where the round runs.
 
 A served request samples (the OpenAI API's default temperature is 1), so every row of every
-decode round is drawn (`dualpace_hw.sampling`). In session 13's served run on the H200 box,
+decode round is drawn (`dualpace_hw.executors.sampling`). In session 13's served run on the H200
+box,
 sampling made row by row on the host tripled the GPU engine's decode rounds (18.9 ms against a
 5.5 ms model). This times the draw over B rows of the model's
 vocabulary on --device, every row sampled (temperature 1; top-p 0.9 with and without top-k 50,
@@ -27,7 +28,7 @@ import time
 import torch
 from profile_args import add_profile_arguments, profile_from
 
-from dualpace_hw.sampling import SamplingParams, perturb, sample
+from dualpace_hw.executors.sampling import SamplingParams, perturb, sample
 from dualpace_sim.costs import CostModel
 
 TARGET = 0.05

@@ -32,12 +32,12 @@ import time
 import torch
 from profile_args import add_profile_arguments, profile_from
 
-from dualpace_hw.gpu_executor import GpuExecutor
-from dualpace_hw.gpu_ranks import LeadExecutor
-from dualpace_hw.model import ModelWeights
+from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.model import ModelWeights
+from dualpace_hw.memory.tokens import TokenStore
 from dualpace_hw.profiler.measure import decode_plan
 from dualpace_hw.profiler.rank_round import priced_round
-from dualpace_hw.tokens import TokenStore
+from dualpace_hw.runtime.gpu_ranks import LeadExecutor
 from dualpace_sim.costs import CostModel
 
 

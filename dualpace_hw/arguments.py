@@ -12,9 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from dualpace_hw import hostinfo
 from dualpace_sim.costs.shapes import ModelShape
-
-from . import hostinfo
 
 GIB = 2**30
 DEVICES = "'cuda', 'cuda:N' or 'cpu' (tests)"

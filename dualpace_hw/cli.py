@@ -61,16 +61,15 @@ def profile(
     """Measure every table of a calibration profile with the runtime's executors, write it with
     provenance, serve the Appendix B calibration workload, then fit its controls and plot them.
     Interrupted runs resume."""
-    from dualpace_sim.costs.shapes import ModelShape
-
-    from .arguments import (
+    from dualpace_hw.arguments import (
         ArgumentError,
         check_cpu_cores,
         check_device,
         check_kv_gib,
         check_out_file,
     )
-    from .profiler.run import Options, ProfileRunError, run_profile
+    from dualpace_hw.profiler.run import Options, ProfileRunError, run_profile
+    from dualpace_sim.costs.shapes import ModelShape
 
     try:
         check_cpu_cores(cpu_cores)
@@ -82,7 +81,7 @@ def profile(
     if (model is None) == (checkpoint is None):
         _fail("give one of --model (a name or a config.json) and --checkpoint (a folder)")
     if checkpoint is not None:
-        from .checkpoint import CheckpointError, load_checkpoint
+        from dualpace_hw.executors.checkpoint import CheckpointError, load_checkpoint
 
         try:
             shape = load_checkpoint(checkpoint).shape
@@ -143,9 +142,7 @@ def run(
 ) -> None:
     """Replay SCENARIO's workload in real time against the real runtime (DualPace, vLLM and
     NEO, each on the runtime's executors) and write what `dualpace-sim run` writes."""
-    from dualpace_sim.config.scenario import ScenarioError, load_scenario
-
-    from .arguments import (
+    from dualpace_hw.arguments import (
         ArgumentError,
         check_cpu_cores,
         check_device,
@@ -153,8 +150,9 @@ def run(
         check_out_dir,
         check_out_file,
     )
-    from .runtime import EngineFailure
-    from .serve import open_checkpoint, run_real
+    from dualpace_hw.runtime.engines import EngineFailure
+    from dualpace_hw.serving.serve import open_checkpoint, run_real
+    from dualpace_sim.config.scenario import ScenarioError, load_scenario
 
     if not out.strip():
         _fail("--out: empty; give the directory for the results")
@@ -218,10 +216,9 @@ def serve(
     Ctrl-C; then write what `run` writes, and served.yaml for `dualpace-sim validate`."""
     import torch
 
+    from dualpace_hw.runtime.engines import EngineFailure
+    from dualpace_hw.serving.serve import serve_real
     from dualpace_sim.config.scenario import ScenarioError, load_scenario
-
-    from .runtime import EngineFailure
-    from .serve import serve_real
 
     dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32}
     if dtype not in dtypes:
@@ -248,9 +245,8 @@ def random_checkpoint(
     """Write a Hugging Face checkpoint folder of MODEL's shape with seeded random bf16 weights
     and a small tokenizer trained here: what `serve` needs on a box that cannot download one
     (the text is noise; the timing is the model's)."""
+    from dualpace_hw.executors.checkpoint import write_random_checkpoint
     from dualpace_sim.costs.shapes import ModelShape
-
-    from .checkpoint import write_random_checkpoint
 
     try:
         shape = (ModelShape.from_hf_config(model) if model.endswith(".json")

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import yaml
 
+from dualpace_hw.serving.serve import run_real
 from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.costs.calibrate import (
     ASSISTS_FILE,
@@ -48,8 +49,6 @@ from dualpace_sim.results.served_rounds import (
     served_rounds,
     with_served_overhead,
 )
-
-from ..serve import run_real
 
 CALIBRATION_PROFILE = "profile.yaml"  # the profile each pass's scenario is priced with
 

@@ -30,12 +30,11 @@ from dataclasses import dataclass
 
 import torch
 
+from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.memory.shm import ArenaHandle, SharedArena
+from dualpace_hw.runtime.cpu_worker import ASSIST_KINDS, AssistBuffers
+from dualpace_hw.runtime.processes import on_cores, spawn, stop
 from dualpace_sim.costs.shapes import ModelShape
-
-from ..cpu_worker import ASSIST_KINDS, AssistBuffers
-from ..gpu_executor import GpuExecutor
-from ..processes import on_cores, spawn, stop
-from ..shm import ArenaHandle, SharedArena
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ def measure_handshake(shape: ModelShape, ex: GpuExecutor, batches: Sequence[int]
 
     `ex` serves layer 0 (the profile's one decoder layer). The client runs on `client_cores`
     (the CPU engine's), this thread on `server_cores` while it serves."""
-    from ..runtime import AssistServer, Engines  # the runtime's own server
+    from dualpace_hw.runtime.engines import AssistServer, Engines  # the runtime's own server
 
     plan = tuple((kind, b) for kind in ASSIST_KINDS for b in batches)
     arena = SharedArena(SharedArena.bytes_for(

@@ -19,11 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
+from dualpace_hw.executors.model import Model, ModelWeights
+from dualpace_hw.memory.kv import PagedKVPool
+from dualpace_hw.runtime.processes import spawn, stop
 from dualpace_sim.costs.shapes import ModelShape
-
-from ..kv import PagedKVPool
-from ..model import Model, ModelWeights
-from ..processes import spawn, stop
 
 ROWS, CONTEXT = 16, 1024
 
@@ -37,8 +36,8 @@ class LoadSpec:
 
 
 def _load_main(conn, spec: LoadSpec) -> None:
-    from ..cpu_attention import cpu_paged_decode_attention, pin_threads
-    from ..packed import pack_model
+    from dualpace_hw.executors.packed import pack_model
+    from dualpace_hw.kernels.cpu_attention import cpu_paged_decode_attention, pin_threads
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:

@@ -14,23 +14,22 @@ from collections.abc import Iterator
 
 import torch
 
+from dualpace_hw import hostinfo
+from dualpace_hw.executors.gpu_executor import ForwardState
+from dualpace_hw.executors.model import Dense, Model, ModelWeights, greedy
+from dualpace_hw.kernels.attention import paged_decode_attention as torch_decode
+from dualpace_hw.kernels.attention import prefill_attention
+from dualpace_hw.memory.allocator import keep_freed_memory
+from dualpace_hw.memory.kv import PagedKVPool
+from dualpace_hw.profiler.grids import Grids
+from dualpace_hw.profiler.timing import Timer
 from dualpace_sim.core import PrefillChunk
 from dualpace_sim.costs.shapes import ModelShape
-
-from .. import hostinfo
-from ..allocator import keep_freed_memory
-from ..attention import paged_decode_attention as torch_decode
-from ..attention import prefill_attention
-from ..gpu_executor import ForwardState
-from ..kv import PagedKVPool
-from ..model import Dense, Model, ModelWeights, greedy
-from .grids import Grids
-from .timing import Timer
 
 
 def _gpu_decode_kernel(device: torch.device):
     if device.type == "cuda":
-        from .. import triton_decode
+        from dualpace_hw.kernels import triton_decode
 
         if triton_decode.available():
             return triton_decode.paged_decode_attention
@@ -38,7 +37,7 @@ def _gpu_decode_kernel(device: torch.device):
 
 
 def _cpu_decode_kernel():
-    from ..cpu_attention import cpu_paged_decode_attention
+    from dualpace_hw.kernels.cpu_attention import cpu_paged_decode_attention
 
     return cpu_paged_decode_attention
 
@@ -46,7 +45,7 @@ def _cpu_decode_kernel():
 def _pack(model: Model) -> tuple[Model, str]:
     """The CPU executor's prepacked (oneDNN/AMX) projections when available."""
     try:
-        from ..packed import pack_model
+        from dualpace_hw.executors.packed import pack_model
     except ImportError:
         return model, "torch.nn.functional.linear"
     return pack_model(model), "prepacked oneDNN bf16"
@@ -173,10 +172,9 @@ class Measurer:
     def _gpu_batch(self, n: int):
         """The GPU executor's own batch of `n` one-token rows (slots in the pool), so the
         stage timings below run the executor's kernels (fused on CUDA)."""
+        from dualpace_hw.executors.gpu_executor import GpuExecutor
+        from dualpace_hw.memory.tokens import TokenStore
         from dualpace_sim.core import GpuPlan, Request
-
-        from ..gpu_executor import GpuExecutor
-        from ..tokens import TokenStore
 
         tokens, plan = TokenStore(), GpuPlan()
         for i in range(n):
@@ -270,8 +268,8 @@ class Measurer:
 
     def assist_executor(self):
         if self._assist is None:
-            from ..gpu_executor import GpuExecutor
-            from ..tokens import TokenStore
+            from dualpace_hw.executors.gpu_executor import GpuExecutor
+            from dualpace_hw.memory.tokens import TokenStore
 
             self._assist = GpuExecutor(self.gpu, self.gpu_pool, TokenStore())
         return self._assist
@@ -323,8 +321,8 @@ class Measurer:
     def iteration_overhead(self) -> float:
         """Host-side work of one round: the GPU executor turning a 64-request decode plan
         into device tensors (the scheduler's own time is not in the profile)."""
-        from ..gpu_executor import GpuExecutor
-        from ..tokens import TokenStore
+        from dualpace_hw.executors.gpu_executor import GpuExecutor
+        from dualpace_hw.memory.tokens import TokenStore
 
         tokens = TokenStore()
         plan = decode_plan(tokens, 64, 256, self.bs)
@@ -354,9 +352,9 @@ class Measurer:
         return self._eager_layer_of(chunk=False)
 
     def _eager_layer_of(self, chunk: bool, runtime: bool = False) -> float:
-        from ..gpu_executor import GpuExecutor
-        from ..migrate import CopyGroup
-        from ..tokens import TokenStore
+        from dualpace_hw.executors.gpu_executor import GpuExecutor
+        from dualpace_hw.memory.migrate import CopyGroup
+        from dualpace_hw.memory.tokens import TokenStore
 
         tokens = TokenStore()
         plan = small_mixed_plan(tokens, self.bs, self.gpu_pool.n_blocks)

@@ -24,15 +24,14 @@ import dataclasses
 
 import torch
 
+from dualpace_hw.executors.model import ModelWeights
+from dualpace_hw.memory.tokens import TokenStore
+from dualpace_hw.profiler.measure import decode_plan
+from dualpace_hw.profiler.timing import Timer
+from dualpace_hw.runtime.gpu_ranks import LeadExecutor
 from dualpace_sim.costs.model import CostModel
 from dualpace_sim.costs.profile import Profile, Table1D
 from dualpace_sim.costs.shapes import ModelShape
-
-from ..gpu_ranks import LeadExecutor
-from ..model import ModelWeights
-from ..tokens import TokenStore
-from .measure import decode_plan
-from .timing import Timer
 
 CONTEXT = 1024  # tokens per request in the timed rounds: about an Azure conversation's prompt
 MAX_ROWS = 256  # rounds of up to this many rows are timed

@@ -28,17 +28,16 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dualpace_hw import hostinfo
+from dualpace_hw.executors.model import Model, ModelWeights
+from dualpace_hw.executors.packed import pack_model
+from dualpace_hw.executors.tp import all_reduce, shard_shape, shard_weights
+from dualpace_hw.hostinfo import rank_cores
+from dualpace_hw.profiler.grids import Grids
+from dualpace_hw.profiler.measure import Measurer, cpu_kv_pool, cpu_layer_ring, decode_time, ring_of
+from dualpace_hw.profiler.timing import Protocol, Timer
+from dualpace_hw.runtime.processes import forget, gloo_rendezvous, spawn, stop
 from dualpace_sim.costs.shapes import ModelShape
-
-from .. import hostinfo
-from ..hostinfo import rank_cores
-from ..model import Model, ModelWeights
-from ..packed import pack_model
-from ..processes import forget, gloo_rendezvous, spawn, stop
-from ..tp import all_reduce, shard_shape, shard_weights
-from .grids import Grids
-from .measure import Measurer, cpu_kv_pool, cpu_layer_ring, decode_time, ring_of
-from .timing import Protocol, Timer
 
 CPU_STAGES = ("cpu.pre_attn", "cpu.post_attn", "cpu.decode_attn")
 GPU_STAGES = ("gpu.pre_attn", "gpu.post_attn", "gpu.pre_layer", "gpu.post_layer",
@@ -80,7 +79,7 @@ class _CpuRank:
     """One rank's shard of one decoder layer on its cores, and its CPU stage timings."""
 
     def __init__(self, spec: CpuRankSpec) -> None:
-        from ..cpu_attention import cpu_paged_decode_attention, pin_threads
+        from dualpace_hw.kernels.cpu_attention import cpu_paged_decode_attention, pin_threads
 
         os.sched_setaffinity(0, spec.cores)
         torch.set_num_threads(len(spec.cores))

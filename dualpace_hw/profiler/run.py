@@ -15,26 +15,25 @@ from pathlib import Path
 
 import torch
 
+from dualpace_hw import hostinfo as box
+from dualpace_hw.executors.tp import shard_shape
+from dualpace_hw.profiler.calibration import CalibrationWorkload, calibrated, serve_passes
+from dualpace_hw.profiler.grids import Grids
+from dualpace_hw.profiler.handshake import Handshake, measure_handshake
+from dualpace_hw.profiler.load import cpu_engine_load
+from dualpace_hw.profiler.measure import Measurer
+from dualpace_hw.profiler.rank_round import MAX_ROWS as RANK_ROUND_ROWS
+from dualpace_hw.profiler.rank_round import RankRounds, timed_depth, with_rank_round
+from dualpace_hw.profiler.ranks import CPU_STAGES, GPU_STAGES, CpuRanks, GpuRanks
+from dualpace_hw.profiler.timing import Protocol, Timer
+from dualpace_hw.runtime.cpu_worker import ASSIST_KINDS
+from dualpace_hw.runtime.processes import on_cores
 from dualpace_sim.common.progress import progress_bar
 from dualpace_sim.config.scenario import ScenarioError
 from dualpace_sim.costs.calibrate import CalibrationError
 from dualpace_sim.costs.fit import FitResult, fit_controls, with_controls
 from dualpace_sim.costs.profile import REVERSED_RATIO, Profile
 from dualpace_sim.costs.shapes import ModelShape
-
-from .. import hostinfo as box
-from ..cpu_worker import ASSIST_KINDS
-from ..processes import on_cores
-from ..tp import shard_shape
-from .calibration import CalibrationWorkload, calibrated, serve_passes
-from .grids import Grids
-from .handshake import Handshake, measure_handshake
-from .load import cpu_engine_load
-from .measure import Measurer
-from .rank_round import MAX_ROWS as RANK_ROUND_ROWS
-from .rank_round import RankRounds, timed_depth, with_rank_round
-from .ranks import CPU_STAGES, GPU_STAGES, CpuRanks, GpuRanks
-from .timing import Protocol, Timer
 
 GIB = 2**30
 HOST_RESERVE_GIB = 16.0  # OS and runtime, kept out of the host KV pool

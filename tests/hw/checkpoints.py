@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from dualpace_hw.checkpoint import train_tokenizer
+from dualpace_hw.executors.checkpoint import train_tokenizer
 
 from . import scenarios
 
@@ -56,7 +56,7 @@ def reference_model(path: Path):
 def reference_tokens(ref, prompt: list[int], n: int, params=None) -> list[int]:
     """`n` tokens continuing `prompt` by transformers' forward: greedy, or sampled with
     `params` (a seeded SamplingParams) through the runtime's own perturbation of the logits."""
-    from dualpace_hw.sampling import sample
+    from dualpace_hw.executors.sampling import sample
 
     ids = list(prompt)
     with torch.no_grad():

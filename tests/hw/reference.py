@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dualpace_hw.model import Model
+from dualpace_hw.executors.model import Model
 
 
 def dense_logits(model: Model, tokens: list[int]) -> torch.Tensor:

@@ -11,15 +11,15 @@ import textwrap
 
 import pytest
 
-from dualpace_hw.allocator import keep_freed_memory
+from dualpace_hw.memory.allocator import keep_freed_memory
 
 SETUP = {
     "defaults": "",
-    "kept": "from dualpace_hw.allocator import keep_freed_memory; keep_freed_memory()",
+    "kept": "from dualpace_hw.memory.allocator import keep_freed_memory; keep_freed_memory()",
     "the CPU executor's": textwrap.dedent("""
-        from dualpace_hw.cpu_executor import CpuExecutor
-        from dualpace_hw.kv import PagedKVPool
-        from dualpace_hw.model import Model, ModelWeights
+        from dualpace_hw.executors.cpu_executor import CpuExecutor
+        from dualpace_hw.memory.kv import PagedKVPool
+        from dualpace_hw.executors.model import Model, ModelWeights
         tiny = ModelShape.from_name("tiny-llama")
         CpuExecutor(Model(tiny, ModelWeights.random(tiny, 0, "cpu")),
                     PagedKVPool(tiny, 4, 16, "cpu"), tokens=None).configure_thread()"""),
@@ -27,7 +27,7 @@ SETUP = {
 
 CODE = """
 import resource, torch
-from dualpace_hw.model import Rope
+from dualpace_hw.executors.model import Rope
 from dualpace_sim.costs.shapes import ModelShape
 {setup}
 shape = ModelShape.from_name("llama-3.1-8b")

@@ -11,13 +11,13 @@ import json
 import pytest
 import torch
 
-from dualpace_hw.checkpoint import CheckpointError, load_checkpoint
-from dualpace_hw.cpu_executor import CpuExecutor, CpuStep
-from dualpace_hw.gpu_executor import GpuExecutor
-from dualpace_hw.kv import PagedKVPool
-from dualpace_hw.model import Model
-from dualpace_hw.packed import pack_model
-from dualpace_hw.tokens import TokenStore
+from dualpace_hw.executors.checkpoint import CheckpointError, load_checkpoint
+from dualpace_hw.executors.cpu_executor import CpuExecutor, CpuStep
+from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.model import Model
+from dualpace_hw.executors.packed import pack_model
+from dualpace_hw.memory.kv import PagedKVPool
+from dualpace_hw.memory.tokens import TokenStore
 from dualpace_sim.core.plans import GpuPlan, PrefillChunk
 from dualpace_sim.core.request import Owner, Request, RoundLog, blocks_for
 from dualpace_sim.core.routing import Route
@@ -188,7 +188,7 @@ def test_a_random_checkpoint_loads_as_the_shape_it_was_written_for(tmp_path):
     from typer.testing import CliRunner
 
     from dualpace_hw.cli import app
-    from dualpace_hw.model import ModelWeights
+    from dualpace_hw.executors.model import ModelWeights
     from dualpace_sim.costs.shapes import ModelShape
 
     for name in ("tiny-llama", "tiny-qwen3"):
@@ -214,7 +214,7 @@ def test_a_filled_vocabulary_decodes_every_id_and_encodes_as_before(tmp_path):
     trained merges only."""
     from tokenizers import Tokenizer
 
-    from dualpace_hw.checkpoint import fill_vocabulary, train_tokenizer
+    from dualpace_hw.executors.checkpoint import fill_vocabulary, train_tokenizer
 
     train_tokenizer(tmp_path, 512)  # the default: all 256 bytes and some merges
     trained = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from dualpace_hw.command_ring import CommandRing, RingReader
+from dualpace_hw.memory.command_ring import CommandRing, RingReader
 
 
 def _read(refs, index: int, n: int, out) -> None:

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from dualpace_hw import cpu_attention as ca
-from dualpace_hw.attention import paged_decode_attention
+from dualpace_hw.kernels import cpu_attention as ca
+from dualpace_hw.kernels.attention import paged_decode_attention
 
 
 def dense_attention(q, k_cache, v_cache, tables, lens):
@@ -121,7 +121,7 @@ def test_split_k_for_few_long_requests_and_threads():
 @needs_ext
 def test_pool_layer_views_and_int64_tables_are_accepted():
     # The executor passes pool.layer(i) views (block stride != page size) and may pass int64.
-    from dualpace_hw.kv import PagedKVPool
+    from dualpace_hw.memory.kv import PagedKVPool
     from dualpace_sim.costs.shapes import ModelShape
 
     shape = ModelShape.from_name("tiny-llama")

@@ -10,12 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dualpace_hw.attention import prefill_attention
-from dualpace_hw.cpu_attention import extension_available
-from dualpace_hw.cpu_executor import CpuExecutor, LocalAssist
-from dualpace_hw.kv import PagedKVPool, slot_mapping
-from dualpace_hw.model import Dense, Model, ModelWeights, greedy
-from dualpace_hw.packed import PackedDense, cpu_features, pack_model
+from dualpace_hw.executors.cpu_executor import CpuExecutor, LocalAssist
+from dualpace_hw.executors.model import Dense, Model, ModelWeights, greedy
+from dualpace_hw.executors.packed import PackedDense, cpu_features, pack_model
+from dualpace_hw.kernels.attention import prefill_attention
+from dualpace_hw.kernels.cpu_attention import extension_available
+from dualpace_hw.memory.kv import PagedKVPool, slot_mapping
 from dualpace_sim.core.plans import CpuPlan
 from dualpace_sim.core.request import Owner, Request, RoundLog
 from dualpace_sim.core.routing import Route
@@ -28,7 +28,8 @@ STEPS = 5
 
 
 class Tokens:
-    """The token store's interface as the executor uses it (dualpace_hw.tokens.TokenStore)."""
+    """The token store's interface as the executor uses it
+    (dualpace_hw.memory.tokens.TokenStore)."""
 
     def __init__(self) -> None:
         self._ids: dict[int, list[int]] = {}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from dualpace_hw.cpu_executor import CpuStep
-from dualpace_hw.cpu_worker import CpuEngineProcess
-from dualpace_hw.model import ModelWeights
-from dualpace_hw.packed import dense_isas
+from dualpace_hw.executors.cpu_executor import CpuStep
+from dualpace_hw.executors.model import ModelWeights
+from dualpace_hw.executors.packed import dense_isas
+from dualpace_hw.runtime.cpu_worker import CpuEngineProcess
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs.shapes import ModelShape
 

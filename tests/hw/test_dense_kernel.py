@@ -8,8 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dualpace_hw.cpu_attention import extension_available
-from dualpace_hw.packed import (
+from dualpace_hw.executors.packed import (
     SMALL_ROWS,
     PackedDense,
     dense_isas,
@@ -17,6 +16,7 @@ from dualpace_hw.packed import (
     packed_linear,
     unpack_weight,
 )
+from dualpace_hw.kernels.cpu_attention import extension_available
 
 pytestmark = pytest.mark.skipif(not extension_available(), reason="no C++ extension here")
 

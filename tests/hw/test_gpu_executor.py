@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dualpace_hw.attention import gather_kv, paged_decode_attention
-from dualpace_hw.gpu_executor import GpuExecutor
-from dualpace_hw.kv import PagedKVPool
-from dualpace_hw.migrate import Migrator
-from dualpace_hw.model import Model, ModelWeights, greedy
-from dualpace_hw.tokens import TokenStore
-from dualpace_hw.tp import shard_shape
+from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.model import Model, ModelWeights, greedy
+from dualpace_hw.executors.tp import shard_shape
+from dualpace_hw.kernels.attention import gather_kv, paged_decode_attention
+from dualpace_hw.memory.kv import PagedKVPool
+from dualpace_hw.memory.migrate import Migrator
+from dualpace_hw.memory.tokens import TokenStore
 from dualpace_sim.core.blocks import BlockPool
 from dualpace_sim.core.plans import BlockMoves, GpuPlan, PrefillChunk
 from dualpace_sim.core.request import Owner, Request, RoundLog, blocks_for
@@ -505,7 +505,7 @@ def test_layer_copy_to_host_slots(device):
 def test_triton_paged_decode_equals_the_reference(device):
     if device == "cpu":
         pytest.skip("the Triton kernel runs on CUDA")
-    from dualpace_hw import triton_decode
+    from dualpace_hw.kernels import triton_decode
 
     g = torch.Generator(device="cpu").manual_seed(0)
     for h, kvh, hd, bs, dtype in [(32, 8, 128, 16, torch.bfloat16), (4, 2, 16, 4, torch.float32),
@@ -539,7 +539,7 @@ def test_token_store():
 def test_swapped_out_decoded_on_the_cpu_executor_and_back_gives_the_same_tokens(device):
     """A request swapped out to the host, decoded there by the CPU executor, and swapped back
     produces exactly the greedy tokens of the same request staying on the GPU."""
-    from dualpace_hw.cpu_executor import CpuExecutor
+    from dualpace_hw.executors.cpu_executor import CpuExecutor
     from dualpace_sim.core.plans import CpuPlan
     from dualpace_sim.core.routing import Route
 
@@ -577,7 +577,12 @@ def test_swapped_out_decoded_on_the_cpu_executor_and_back_gives_the_same_tokens(
 def test_warm_graph_keys_cover_every_decode_round_a_run_can_reach():
     """Warm-up captures the graphs a run will use, so no decode round pays for a capture on the
     clock (on the H200 box each first use of a bucket took 45-160 ms)."""
-    from dualpace_hw.gpu_executor import _BATCH_BUCKETS, _TABLE_BUCKETS, _bucket, decode_graph_keys
+    from dualpace_hw.executors.gpu_executor import (
+        _BATCH_BUCKETS,
+        _TABLE_BUCKETS,
+        _bucket,
+        decode_graph_keys,
+    )
 
     keys = decode_graph_keys(150, 2048 + 128, 16)
     assert len(keys) == len(set(keys)) == 12 * 5  # batch buckets to 160, widths to 256 blocks
@@ -608,7 +613,7 @@ def test_graph_captures_on_the_clock_are_counted_and_warmed_buckets_are_not(monk
     the warm-up covered every bucket the run reached (stand-ins for the CUDA graphs)."""
     from types import SimpleNamespace
 
-    from dualpace_hw import gpu_executor
+    from dualpace_hw.executors import gpu_executor
 
     made: list[tuple[int, int]] = []
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dualpace_hw.gpu_executor import GpuExecutor
-from dualpace_hw.kv import PagedKVPool
-from dualpace_hw.model import Model, ModelWeights
+from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.model import Model, ModelWeights
+from dualpace_hw.memory.kv import PagedKVPool
+from dualpace_hw.memory.tokens import TokenStore
 from dualpace_hw.profiler import handshake
 from dualpace_hw.profiler.handshake import measure_handshake
-from dualpace_hw.tokens import TokenStore
 from dualpace_sim.costs.shapes import BUILTIN_SHAPES
 
 SHAPE = BUILTIN_SHAPES["tiny-llama"]

@@ -21,8 +21,8 @@ import time
 import pytest
 import yaml
 
-from dualpace_hw.checkpoint import load_checkpoint
-from dualpace_hw.sampling import SamplingParams
+from dualpace_hw.executors.checkpoint import load_checkpoint
+from dualpace_hw.executors.sampling import SamplingParams
 
 from .checkpoints import make_checkpoint, reference_model, reference_tokens, tiny_scenario
 from .summaries import check_real_summary

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dualpace_hw.attention import paged_decode_attention, prefill_attention
-from dualpace_hw.kv import PagedKVPool, slot_mapping
-from dualpace_hw.model import Model, ModelWeights, rope_inv_freq
+from dualpace_hw.executors.model import Model, ModelWeights, rope_inv_freq
+from dualpace_hw.kernels.attention import paged_decode_attention, prefill_attention
+from dualpace_hw.memory.kv import PagedKVPool, slot_mapping
 from dualpace_sim.costs.shapes import ModelShape
 
 from .reference import dense_logits

@@ -8,9 +8,9 @@ import threading
 
 import torch
 
-from dualpace_hw.model import greedy
-from dualpace_hw.neo_executor import CpuAttention, NeoExecutor
-from dualpace_hw.serve import build_runtime
+from dualpace_hw.executors.model import greedy
+from dualpace_hw.executors.neo_executor import CpuAttention, NeoExecutor
+from dualpace_hw.serving.serve import build_runtime
 from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.core.neo import NeoPlan, SubBatch
 from dualpace_sim.core.plans import BlockMoves

@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from dualpace_hw.serve import build_runtime
+from dualpace_hw.serving.serve import build_runtime
 from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.core import Owner
 from dualpace_sim.core.journal import JOURNAL_FILE, Journal

@@ -335,7 +335,7 @@ def test_gpu_ranks_time_the_sharded_stage_with_its_all_reduces(tmp_path):
     about 2.5 here)."""
     import multiprocessing as mp
 
-    from dualpace_hw.model import Model, ModelWeights
+    from dualpace_hw.executors.model import Model, ModelWeights
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -509,7 +509,7 @@ def test_the_eager_floors_are_the_median_of_the_start_middle_and_end_of_the_run(
 
 
 def test_cpu_decode_attention_reads_a_new_window_each_call_where_the_pool_has_room():
-    from dualpace_hw.kv import PagedKVPool
+    from dualpace_hw.memory.kv import PagedKVPool
     from dualpace_hw.profiler.grids import Grids
     from dualpace_hw.profiler.measure import decode_time
 
@@ -537,7 +537,7 @@ def test_cpu_decode_attention_reads_a_new_window_each_call_where_the_pool_has_ro
 
 
 def test_the_ring_is_copies_of_one_layer_in_distinct_memory():
-    from dualpace_hw.model import ModelWeights
+    from dualpace_hw.executors.model import ModelWeights
     from dualpace_hw.profiler.measure import ring_of
 
     one = ModelWeights.random(load_profile_shape(), 0, "cpu", n_layers=1)

@@ -21,11 +21,11 @@ import yaml
 from typer.testing import CliRunner
 
 from dualpace_hw.cli import app
-from dualpace_hw.cpu_worker import AssistBlock, WorkerStopped
-from dualpace_hw.model import Model, ModelWeights, greedy
-from dualpace_hw.runtime import AssistServer, EngineFailure, Engines
-from dualpace_hw.serve import build_runtime, run_real
-from dualpace_hw.shm import SharedArena
+from dualpace_hw.executors.model import Model, ModelWeights, greedy
+from dualpace_hw.memory.shm import SharedArena
+from dualpace_hw.runtime.cpu_worker import AssistBlock, WorkerStopped
+from dualpace_hw.runtime.engines import AssistServer, EngineFailure, Engines
+from dualpace_hw.serving.serve import build_runtime, run_real
 from dualpace_sim.cli.main import app as sim_app
 from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.core import Owner
@@ -479,7 +479,7 @@ def test_replaying_the_journal_reproduces_every_decision(tmp_path):
 
 def test_warm_up_captures_the_graphs_of_the_runs_largest_batch_and_context(tmp_path,
                                                                            monkeypatch):
-    from dualpace_hw.gpu_executor import GpuExecutor
+    from dualpace_hw.executors.gpu_executor import GpuExecutor
 
     asked: list[tuple[int, int]] = []
     real = GpuExecutor.warm_graphs

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from dualpace_hw.sampling import (
+from dualpace_hw.executors.sampling import (
     CANDIDATES,
     SamplingParams,
     filtered,

@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from dualpace_hw.cli import app
-from dualpace_hw.serve import build_runtime, open_checkpoint
+from dualpace_hw.serving.serve import build_runtime, open_checkpoint
 from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.costs import load_profile
 

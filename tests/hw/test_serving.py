@@ -10,9 +10,9 @@ import asyncio
 import pytest
 import torch
 
-from dualpace_hw.sampling import SamplingParams
-from dualpace_hw.serve import build_runtime, open_checkpoint, served_scenario
-from dualpace_hw.serving import EngineService, held_back
+from dualpace_hw.executors.sampling import SamplingParams
+from dualpace_hw.serving.serve import build_runtime, open_checkpoint, served_scenario
+from dualpace_hw.serving.service import EngineService, held_back
 from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.core import Owner
 from dualpace_sim.results.replay import replay

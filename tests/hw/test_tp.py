@@ -11,12 +11,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dualpace_hw.cpu_executor import CpuExecutor, CpuStep
-from dualpace_hw.gpu_executor import GpuExecutor
-from dualpace_hw.kv import PagedKVPool
-from dualpace_hw.model import Model, ModelWeights
-from dualpace_hw.tokens import TokenStore
-from dualpace_hw.tp import all_reduce, shard_shape, shard_weights
+from dualpace_hw.executors.cpu_executor import CpuExecutor, CpuStep
+from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.model import Model, ModelWeights
+from dualpace_hw.executors.tp import all_reduce, shard_shape, shard_weights
+from dualpace_hw.memory.kv import PagedKVPool
+from dualpace_hw.memory.tokens import TokenStore
 from dualpace_sim.core import GpuPlan, PrefillChunk, Request
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs.shapes import ModelShape

@@ -10,12 +10,12 @@ import time
 
 import torch
 
-from dualpace_hw.gpu_executor import GpuExecutor
-from dualpace_hw.gpu_ranks import LeadExecutor
-from dualpace_hw.kv import PagedKVPool
-from dualpace_hw.model import Model, ModelWeights
+from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.model import Model, ModelWeights
+from dualpace_hw.memory.kv import PagedKVPool
+from dualpace_hw.memory.tokens import TokenStore
 from dualpace_hw.profiler.measure import decode_plan, small_mixed_plan
-from dualpace_hw.tokens import TokenStore
+from dualpace_hw.runtime.gpu_ranks import LeadExecutor
 from dualpace_sim.costs.shapes import BUILTIN_SHAPES
 
 OUT = os.environ.get("OUT", "/tmp")

@@ -13,12 +13,12 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from x2_rounds import BS, OUT, timed_round
 
-from dualpace_hw.gpu_executor import GpuExecutor
-from dualpace_hw.gpu_ranks import LeadExecutor
-from dualpace_hw.kv import PagedKVPool
-from dualpace_hw.model import Model, ModelWeights
+from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.model import Model, ModelWeights
+from dualpace_hw.memory.kv import PagedKVPool
+from dualpace_hw.memory.tokens import TokenStore
 from dualpace_hw.profiler.measure import decode_plan
-from dualpace_hw.tokens import TokenStore
+from dualpace_hw.runtime.gpu_ranks import LeadExecutor
 from dualpace_sim.costs.shapes import BUILTIN_SHAPES
 
 res = []

@@ -19,9 +19,8 @@ from typing import Any
 
 import torch
 
+from dualpace_hw.executors.model import ModelWeights
 from dualpace_sim.costs.shapes import ModelShape
-
-from .model import ModelWeights
 
 
 class CheckpointError(ValueError):

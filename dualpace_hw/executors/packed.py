@@ -32,10 +32,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .cpu_attention import extension_info, load_extension
-from .model import Dense, LayerWeights, Model, ModelWeights
+from dualpace_hw.executors.model import Dense, LayerWeights, Model, ModelWeights
+from dualpace_hw.kernels.cpu_attention import extension_info, load_extension
 
-log = logging.getLogger("dualpace_hw.packed")
+log = logging.getLogger("dualpace_hw.executors.packed")
 _warned: set[str] = set()
 
 

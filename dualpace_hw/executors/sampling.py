@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .model import Model
+from dualpace_hw.executors.model import Model
 
 
 @dataclass(frozen=True)

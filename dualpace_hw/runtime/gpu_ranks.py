@@ -48,19 +48,18 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dualpace_hw.executors.gpu_executor import Forward, GpuExecutor, Round
+from dualpace_hw.executors.model import Model, ModelWeights
+from dualpace_hw.executors.tp import all_reduce, shard_shape, shard_weights
+from dualpace_hw.memory.command_ring import CommandRing, RingReader, RingRefs
+from dualpace_hw.memory.kv import PagedKVPool
+from dualpace_hw.memory.migrate import CopyHandle
+from dualpace_hw.memory.shm import SharedArena
+from dualpace_hw.memory.tokens import TokenStore
+from dualpace_hw.runtime.cpu_worker import ASSIST_KINDS, HostShare, WorkerFailed
+from dualpace_hw.runtime.processes import forget, gloo_rendezvous, spawn, stop
 from dualpace_sim.core.plans import BlockMoves, GpuPlan
 from dualpace_sim.costs.shapes import ModelShape
-
-from .command_ring import CommandRing, RingReader, RingRefs
-from .cpu_worker import ASSIST_KINDS, HostShare, WorkerFailed
-from .gpu_executor import Forward, GpuExecutor, Round
-from .kv import PagedKVPool
-from .migrate import CopyHandle
-from .model import Model, ModelWeights
-from .processes import forget, gloo_rendezvous, spawn, stop
-from .shm import SharedArena
-from .tokens import TokenStore
-from .tp import all_reduce, shard_shape, shard_weights
 
 _TIMEOUT = datetime.timedelta(minutes=5)  # a collective that long means a rank is gone
 

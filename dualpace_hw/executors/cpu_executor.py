@@ -33,17 +33,16 @@ from typing import Any, Protocol
 
 import torch
 
+from dualpace_hw.executors.model import Model, greedy
+from dualpace_hw.kernels.cpu_attention import cpu_paged_decode_attention, omp_threads, pin_threads
+from dualpace_hw.memory.allocator import keep_freed_memory
+from dualpace_hw.memory.kv import PagedKVPool
 from dualpace_sim.core.plans import CpuPlan
 from dualpace_sim.core.routing import Route
 
-from .allocator import keep_freed_memory
-from .cpu_attention import cpu_paged_decode_attention, omp_threads, pin_threads
-from .kv import PagedKVPool
-from .model import Model, greedy
-
 
 class TokenSource(Protocol):
-    """What the executor needs of the token store (dualpace_hw.tokens.TokenStore)."""
+    """What the executor needs of the token store (dualpace_hw.memory.tokens.TokenStore)."""
 
     def last(self, req_id: int) -> int: ...
 

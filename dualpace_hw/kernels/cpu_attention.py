@@ -32,10 +32,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .attention import paged_decode_attention
-from .hostinfo import cpu_flags
+from dualpace_hw.hostinfo import cpu_flags
+from dualpace_hw.kernels.attention import paged_decode_attention
 
-log = logging.getLogger("dualpace_hw.cpu_attention")
+log = logging.getLogger("dualpace_hw.kernels.cpu_attention")
 
 # One extension, one op namespace (dualpace_cpu): the paged attention and the dense kernels.
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_attention.cpp", "dense.cpp")]

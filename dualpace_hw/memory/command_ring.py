@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .shm import ArenaHandle, SharedArena, TensorRef
+from dualpace_hw.memory.shm import ArenaHandle, SharedArena, TensorRef
 
 OPS = ("round", "s", "end", "a", "copies", "warm", "graph", "stop")
 _NAP_S = 50e-6  # past its spin budget a reader checks every ~50 us (a writer with a full ring too)

@@ -40,18 +40,17 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dualpace_hw.executors.cpu_executor import CpuExecutor, CpuStep, StepPhases
+from dualpace_hw.executors.model import LayerWeights, Model, ModelWeights
+from dualpace_hw.executors.packed import pack_model
+from dualpace_hw.executors.sampling import Sampler, SamplingModel
+from dualpace_hw.executors.tp import all_reduce, shard_shape, shard_weights
+from dualpace_hw.hostinfo import rank_cores
+from dualpace_hw.memory.kv import PagedKVPool
+from dualpace_hw.memory.shm import ArenaHandle, SharedArena, TensorRef
+from dualpace_hw.runtime.processes import forget, gloo_rendezvous, spawn, stop
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs.shapes import ModelShape
-
-from .cpu_executor import CpuExecutor, CpuStep, StepPhases
-from .hostinfo import rank_cores
-from .kv import PagedKVPool
-from .model import LayerWeights, Model, ModelWeights
-from .packed import pack_model
-from .processes import forget, gloo_rendezvous, spawn, stop
-from .sampling import Sampler, SamplingModel
-from .shm import ArenaHandle, SharedArena, TensorRef
-from .tp import all_reduce, shard_shape, shard_weights
 
 
 class WorkerFailed(RuntimeError):

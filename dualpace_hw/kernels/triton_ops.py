@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .triton_decode import HAVE_TRITON
+from dualpace_hw.kernels.triton_decode import HAVE_TRITON
 
 if HAVE_TRITON:  # pragma: no cover - depends on the machine
     import triton

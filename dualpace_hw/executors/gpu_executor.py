@@ -39,16 +39,15 @@ from itertools import chain
 import torch
 import torch.nn.functional as F
 
+from dualpace_hw.executors.model import Model, greedy
+from dualpace_hw.executors.sampling import Sampler, perturb, sample
+from dualpace_hw.kernels import attention as ref_attn
+from dualpace_hw.kernels.triton_decode import HAVE_TRITON
+from dualpace_hw.memory.kv import PagedKVPool, slot_mapping
+from dualpace_hw.memory.migrate import CopyGroup, CopyHandle, Migrator
+from dualpace_hw.memory.tokens import TokenStore
 from dualpace_sim.core.plans import BlockMoves, GpuPlan, PrefillChunk
 from dualpace_sim.core.request import Request
-
-from . import attention as ref_attn
-from .kv import PagedKVPool, slot_mapping
-from .migrate import CopyGroup, CopyHandle, Migrator
-from .model import Model, greedy
-from .sampling import Sampler, perturb, sample
-from .tokens import TokenStore
-from .triton_decode import HAVE_TRITON
 
 
 @dataclass
@@ -537,7 +536,7 @@ class GpuExecutor:
     def warm_kernels(self) -> None:
         """Compile the paged decode kernel and its split merge for every split-count bucket."""
         if self.cuda and self.triton_decode:
-            from . import triton_decode
+            from dualpace_hw.kernels import triton_decode
 
             kc, vc = self.pool.layer(0)
             bs = self.pool.block_size
@@ -627,7 +626,7 @@ class GpuExecutor:
         s, lw = self.shape, self.model.w.layers[layer]
         kc, vc = self.pool.layer(layer)
         if self.fused:
-            from . import triton_ops
+            from dualpace_hw.kernels import triton_ops
 
             x, _ = triton_ops.rms_norm(h, lw.input_norm, s.rms_norm_eps)
             qkv = lw.qkv(x)
@@ -647,7 +646,7 @@ class GpuExecutor:
     def _post_attn(self, layer: int, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         if not self.fused:
             return self.model.post_attn(layer, attn, residual)
-        from . import triton_ops
+        from dualpace_hw.kernels import triton_ops
 
         lw, reduce = self.model.w.layers[layer], self.model.reduce  # reduce: tensor parallel
         x, h = triton_ops.rms_norm(reduce(lw.o(attn)), lw.post_norm, self.shape.rms_norm_eps,
@@ -662,7 +661,7 @@ class GpuExecutor:
         d = b.n_dec
         if d:
             if self.triton_decode:
-                from . import triton_decode
+                from dualpace_hw.kernels import triton_decode
 
                 triton_decode.paged_decode_attention(q[:d], kc, vc, b.block_tables,
                                                      b.context_lens, out=o[:d])

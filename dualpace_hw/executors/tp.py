@@ -18,9 +18,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from dualpace_hw.executors.model import Dense, LayerWeights, ModelWeights
 from dualpace_sim.costs.shapes import ModelShape
-
-from .model import Dense, LayerWeights, ModelWeights
 
 
 def shard_shape(shape: ModelShape, world: int) -> ModelShape:

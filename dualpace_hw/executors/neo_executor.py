@@ -36,15 +36,18 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dualpace_hw.executors.gpu_executor import Batch, GpuExecutor
+from dualpace_hw.kernels.cpu_attention import (
+    cpu_paged_decode_attention,
+    load_extension,
+    pin_threads,
+)
+from dualpace_hw.memory.allocator import keep_freed_memory
+from dualpace_hw.memory.kv import PagedKVPool, slot_mapping
+from dualpace_hw.memory.migrate import CopyGroup, CopyHandle
 from dualpace_sim.core.neo import NeoPlan, SubBatch
 from dualpace_sim.core.plans import GpuPlan, PrefillChunk
 from dualpace_sim.core.request import Request
-
-from .allocator import keep_freed_memory
-from .cpu_attention import cpu_paged_decode_attention, load_extension, pin_threads
-from .gpu_executor import Batch, GpuExecutor
-from .kv import PagedKVPool, slot_mapping
-from .migrate import CopyGroup, CopyHandle
 
 
 @dataclass

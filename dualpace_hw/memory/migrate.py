@@ -39,8 +39,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv import PagedKVPool
-from .triton_decode import HAVE_TRITON
+from dualpace_hw.kernels.triton_decode import HAVE_TRITON
+from dualpace_hw.memory.kv import PagedKVPool
 
 if HAVE_TRITON:  # pragma: no cover - depends on the machine
     import triton

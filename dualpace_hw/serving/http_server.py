@@ -26,8 +26,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from .sampling import SamplingParams
-from .serving import Delta, EngineService, Generation
+from dualpace_hw.executors.sampling import SamplingParams
+from dualpace_hw.serving.service import Delta, EngineService, Generation
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for completions
 

@@ -16,17 +16,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.model import Model
+from dualpace_hw.executors.neo_executor import IterationTimes, NeoExecutor
+from dualpace_hw.memory.kv import PagedKVPool
+from dualpace_hw.runtime.engines import Engines, GpuEngine, RunStats, trace_swaps
+from dualpace_hw.runtime.processes import on_cores
 from dualpace_sim.core.journal import describe_neo
 from dualpace_sim.core.neo import NeoConfig, NeoPlan, NeoPredictor, NeoScheduler
 from dualpace_sim.results.node_series import StateLog, state_reader
 from dualpace_sim.results.trace_events import CPU_ENGINE, GPU_ENGINE
-
-from .gpu_executor import GpuExecutor
-from .kv import PagedKVPool
-from .model import Model
-from .neo_executor import IterationTimes, NeoExecutor
-from .processes import on_cores
-from .runtime import Engines, GpuEngine, RunStats, trace_swaps
 
 
 @dataclass

@@ -14,6 +14,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from dualpace_hw.executors.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from dualpace_hw.executors.model import ModelWeights
+from dualpace_hw.executors.tp import shard_shape
+from dualpace_hw.runtime.cpu_worker import CpuEngineProcess
+from dualpace_hw.runtime.engines import DualPaceRuntime, EngineFailure, GpuEngine, VllmRuntime
+from dualpace_hw.runtime.neo import NeoRuntime
+from dualpace_hw.runtime.processes import cores_off, engine_cores, on_cores
 from dualpace_sim.config.scenario import LoadedScenario
 from dualpace_sim.core.journal import JOURNAL_FILE
 from dualpace_sim.costs.calibrate import ASSISTS_FILE, write_assist_calls
@@ -33,14 +40,6 @@ from dualpace_sim.results.provenance import RUN_PROFILE, parquet_metadata, prove
 from dualpace_sim.results.records import read_records, records_frame, write_records
 from dualpace_sim.results.summary import policy_summary, stamp
 from dualpace_sim.results.trace_events import TraceRecorder, write_trace
-
-from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
-from .cpu_worker import CpuEngineProcess
-from .model import ModelWeights
-from .neo_runtime import NeoRuntime
-from .processes import cores_off, engine_cores, on_cores
-from .runtime import DualPaceRuntime, EngineFailure, GpuEngine, VllmRuntime
-from .tp import shard_shape
 
 SERVED_POLICIES = ("dualpace", "vllm")  # behind `dualpace-hw serve`
 
@@ -323,8 +322,8 @@ def serve_real(loaded: LoadedScenario, checkpoint_path: Path, out: Path, policy:
     HTTP server until SIGTERM; then the served run's results in `out` as `run` writes them,
     with `served.yaml`, the scenario of the arrivals the server saw, for `validate`.
     Returns the summary (None when no request came)."""
-    from .http_server import create_app, run_server
-    from .serving import EngineService
+    from dualpace_hw.serving.http_server import create_app, run_server
+    from dualpace_hw.serving.service import EngineService
 
     if policy not in SERVED_POLICIES:
         raise ValueError(f"--policy {policy}: the real runtime serves "

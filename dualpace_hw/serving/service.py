@@ -15,10 +15,9 @@ import asyncio
 import threading
 from dataclasses import dataclass, field
 
+from dualpace_hw.executors.checkpoint import TextTokenizer
+from dualpace_hw.executors.sampling import SamplingParams
 from dualpace_sim.core import Request
-
-from .checkpoint import TextTokenizer
-from .sampling import SamplingParams
 
 POLL_S = 0.002
 # Prometheus histogram bounds (seconds) of time to first token and inter-token latency.

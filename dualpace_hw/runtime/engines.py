@@ -23,6 +23,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dualpace_hw.executors.cpu_executor import CpuStep
+from dualpace_hw.executors.gpu_executor import Forward, GpuExecutor
+from dualpace_hw.executors.model import Model, ModelWeights
+from dualpace_hw.executors.sampling import Sampler, SamplingParams
+from dualpace_hw.memory.kv import PagedKVPool
+from dualpace_hw.memory.tokens import TokenStore
+from dualpace_hw.runtime.cpu_worker import AssistBlock, CpuEngineProcess, WorkerFailed
+from dualpace_hw.runtime.gpu_ranks import LeadExecutor
+from dualpace_hw.runtime.processes import cores_off, on_cores
 from dualpace_sim.core import (
     CpuResult,
     CpuScheduler,
@@ -48,16 +57,6 @@ from dualpace_sim.results.trace_events import (
     PCIE_H2D,
     TraceRecorder,
 )
-
-from .cpu_executor import CpuStep
-from .cpu_worker import AssistBlock, CpuEngineProcess, WorkerFailed
-from .gpu_executor import Forward, GpuExecutor
-from .gpu_ranks import LeadExecutor
-from .kv import PagedKVPool
-from .model import Model, ModelWeights
-from .processes import cores_off, on_cores
-from .sampling import Sampler, SamplingParams
-from .tokens import TokenStore
 
 
 class _StagePace:
@@ -335,7 +334,7 @@ class Engines:
                 self.work.notify_all()
                 self.cpu_work.notify_all()
 
-    # --- requests arriving from a server (dualpace_hw.serving) --------------------------
+    # --- requests arriving from a server (dualpace_hw.serving.service) --------------------------
 
     def accept_requests(self, max_rows: int, max_context: int) -> None:
         """Before `serve`: take requests from `submit_now` until `stop` is set, beside (or
