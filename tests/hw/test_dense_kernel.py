@@ -60,15 +60,34 @@ def test_every_path_matches_a_float32_reference_at_every_row_count(isa):
 @pytest.mark.parametrize("isa", dense_isas())
 @pytest.mark.parametrize("n_in", [2080, 2082])
 def test_the_k_chunks_groups_and_panels_add_up_at_a_long_k(isa, n_in):
-    """in_features past one k-chunk (1,024): partial sums carried across chunks (65 steps of
-    32: chunks of 32, 32 and 1; 2,082 ends in a step of 2), 10 column blocks in groups of 4,
-    and rows that fill, cross and leave part of the 32-row panels."""
+    """in_features past one k-chunk (1,024): up to 128 rows block-major, each panel over the
+    whole k of every column block in turn; at 161 rows panel-major, partial sums carried across
+    chunks (65 steps of 32: chunks of 32, 32 and 1; 2,082 ends in a step of 2) in groups of 4
+    of the 10 column blocks; rows that fill, cross and leave part of the 32-row panels."""
     if isa == "amx" and n_in % 32:
         pytest.skip("the AMX path takes in_features in multiples of 32")
     w = _weight(300, n_in, seed=4)
     packed = pack_weight(w)
     g = torch.Generator().manual_seed(5)
-    for rows in (1, 31, 33, 65, 100):
+    for rows in (1, 31, 33, 65, 100, 161):
+        x = torch.randn(rows, n_in, generator=g).to(torch.bfloat16)
+        ref = F.linear(x.float(), w.float())
+        assert _rel_err(packed_linear(x, packed, 300, isa), ref) < 8e-3, (isa, rows)
+
+
+@pytest.mark.parametrize("isa", dense_isas())
+@pytest.mark.parametrize("n_in", [4160, 4162])
+def test_both_blockings_add_up_on_either_side_of_their_boundary(isa, n_in):
+    """At in_features 4,160 (130 steps) up to 96 rows (3 panels) pass block-major over the whole
+    k; from 97 rows (4 panels) x's panels and two blocks outgrow the block-major L2 budget, and
+    the panels pass panel-major over k-chunks of 32, 32, 32, 32 and 2 steps (4,162: the last
+    step holds 2 k), carrying the sums across them, in groups of 4 of the 10 column blocks."""
+    if isa == "amx" and n_in % 32:
+        pytest.skip("the AMX path takes in_features in multiples of 32")
+    w = _weight(300, n_in, seed=6)
+    packed = pack_weight(w)
+    g = torch.Generator().manual_seed(7)
+    for rows in (65, 96, 97, 128):
         x = torch.randn(rows, n_in, generator=g).to(torch.bfloat16)
         ref = F.linear(x.float(), w.float())
         assert _rel_err(packed_linear(x, packed, 300, isa), ref) < 8e-3, (isa, rows)

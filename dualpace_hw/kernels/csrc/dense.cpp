@@ -15,15 +15,32 @@
 //   place, a tile's 16 rows lie K*2 bytes apart (8 KiB at K = 4096, 28 KiB at K = 14336: all
 //   in one L1 set, and 16 pages); on the H200 box's Xeon that cost 5-10 % at K = 4096 and
 //   up to 3.4x at K = 14336 (.probe measurements in benchmarks/results/README.md).
-// * Blocking (AMX and portable paths): a thread walks its blocks in groups whose k-chunk of
-//   kChunkK is kChunkGroupBytes of weight; for each chunk every 32-row panel passes over the
-//   group's chunk while it sits in L2, accumulating fp32 partial sums in a per-thread buffer.
-//   The weight is read from DRAM once, and neither the panel chunk nor the weight chunk
-//   outgrows L2 at any K (unchunked, 32 rows of x at K = 14336 and one weight block were
-//   1.8 MiB together, which thrashed SPR's 2 MiB L2 from 64 rows). Time then grows with rows
+// * Blocking (AMX and portable paths), per call from the rows and K (plan_blocking), over one
+//   thread's blocks:
+//   - Block-major, where x's 32-row panels, the block passed over and the next one fit
+//     kL2Budget (1.5 MiB of SPR's 2 MiB L2: up to 128 rows at K = 4,096; never at K = 14,336)
+//     and there are at most 4 panels: for each block, every panel passes over the whole K in
+//     turn, its sums held in the tiles from the first k to the last. The first panel's pass
+//     reads the block from DRAM (prefetching it into L1 a few steps ahead); the later ones
+//     read it from L2, with x in L2 across blocks. Those later passes (or the only one, up to
+//     32 rows) also prefetch the next block into L2 (prefetcht2), a few lines per k-step, so
+//     DRAM keeps streaming while they compute: with DRAM idle through the later passes, the
+//     64-row stages ran at half the read bandwidth on the box. y is stored per group of
+//     kSumsBlocks / panels blocks (stored per block, 1-16 rows were 5-8 % slower).
+//   - Panel-major otherwise (more rows, or K = 14,336 where x's 32 rows are 896 KiB): for each
+//     k-chunk of kChunkK, every panel passes over a group of blocks whose chunk is
+//     kChunkGroupBytes, L2-resident while the panels pass (each panel's chunk of x reused
+//     across the group); fp32 sums per thread carried across chunks. Neither x's chunk nor the
+//     weight's outgrows L2 at any K (unchunked, 32 rows of x at K = 14,336 and one weight block
+//     were 1.8 MiB together, which thrashed SPR's 2 MiB L2 from 64 rows).
+//   Measured on one thread of an AMX development machine (issue 18), against panel-major
+//   everywhere: block-major with the L2 stream 1.05-1.2x faster at 16-128 rows at K = 4,096;
+//   panel-major with such a stream 5-9 % slower on down up to 128 rows; block-major on down
+//   (K split to fit L2) no faster; prefetching into L1, or every line of the next chunk over
+//   all passes, slower. Either way the weight is read from DRAM once, and time grows with rows
 //   only through compute: no cliffs.
 // * Tiles: AMX on 32 x 32 fp32 tiles (our 2 x 2 tile kernel, the weight stream prefetched
-//   ahead on the first panel's pass); or the same tiles through ATen's brgemm, oneDNN's
+//   into L1 ahead on the first panel's pass); or the same tiles through ATen's brgemm, oneDNN's
 //   ukernel, which PyTorch's own CPU flash attention and Inductor's CPU GEMM templates call,
 //   on x in place; AVX512-BF16 (vdpbf16ps, 4 rows x 32 columns of fp32 accumulators, the
 //   weight stream prefetched ahead) where AMX is absent or rows are few; and a portable path
@@ -75,9 +92,15 @@ constexpr int64_t kGroupBytes = 1 << 20;  // x-in-place paths: weight bytes of t
                                           // of SPR's 2 MiB L2)
 constexpr int64_t kStepK = 32;            // k per AMX tile step (and per x panel step)
 constexpr int64_t kPanelStep = kBlockM * kStepK;  // elements of one panel step, 2 KiB
-constexpr int64_t kChunkK = 1024;         // packed paths: k per chunk (a panel's chunk is
-                                          // 64 KiB)
-constexpr int64_t kChunkGroupBytes = 256 << 10;  // packed paths: weight bytes of a group's
+constexpr int64_t kBlockMajorPanels = 4;  // packed paths: at most this many panels (128
+                                          // rows) block-major
+constexpr int64_t kL2Budget = 3 << 19;    // block-major: x's panels, the block passed over and
+                                          // the next one, in 1.5 MiB of SPR's 2 MiB L2
+constexpr int64_t kSumsBlocks = 16;       // block-major: blocks x panels of sums (64 KiB) per
+                                          // group, so y is stored in runs of lines
+constexpr int64_t kChunkK = 1024;    // panel-major (more rows): k per chunk (a panel's chunk
+                                     // is 64 KiB)
+constexpr int64_t kChunkGroupBytes = 256 << 10;  // panel-major: weight bytes of a group's
                                                  // chunk, L2-resident while the panels pass
 constexpr int64_t kRowsU = 4;    // rows per vector micro-kernel call
 
@@ -160,6 +183,20 @@ void tile_brgemm(const uint16_t* x, int64_t ldx, const uint16_t* b, int64_t k, i
 }
 
 #if DP_DENSE_AMX
+// The block-major blocking's L2 stream: the weight lines of the next block a thread passes
+// over, prefetched into L2 (prefetcht2) a few lines per k-step while the current block's later
+// panels (or its only one) compute, so that DRAM keeps streaming through those passes.
+struct L2Ahead {
+  const char* next = nullptr;
+  const char* end = nullptr;
+  int64_t per_step = 0;  // lines per k-step
+  void step() {
+    for (int64_t l = 0; l < per_step && next < end; ++l, next += 64) {
+      __builtin_prefetch(next, 0, 1);
+    }
+  }
+};
+
 // AMX tiles, 2 x 2: C tiles 0-3 (16 rows x 16 fp32 each) over x tiles 4-5 (16 rows x 32 k)
 // and weight tiles 6-7 (16 k-pairs x 16 columns x 2). Rows fewer than 32 shrink the x and C
 // tiles' row counts (one tile configuration per row count, loaded when it changes).
@@ -187,17 +224,21 @@ void configure_tiles(int64_t rows) {
     cfg.rows[t] = tile_rows[t];
     cfg.colsb[t] = 64;
   }
-  _tile_loadconfig(&cfg);
+  // Not _tile_loadconfig: GCC 12's declares a read of 8 bytes only, so the stores of the row
+  // and column counts above it were dead to the optimizer and could be dropped (a build of
+  // this file did, and its ldtilecfg faulted); an operand of the whole struct keeps them.
+  asm volatile("ldtilecfg %0" ::"m"(cfg));
   current = rows;
 }
 
 // One chunk of the packed paths on AMX: c (32 x 32 fp32 as 2 x 2 tiles; `first` starts from
-// zero, else from c) += the panel's rows times the block over k-steps [s0, s1) of `steps`.
-// ahead: k-steps the weight stream is prefetched ahead into L1, 0 for none (the first panel's
-// pass reads the chunk from DRAM; the tile loads alone leave its latency exposed, since the
-// next load of a weight tile waits for the multiplies still reading that tile register).
-void chunk_amx(const uint16_t* panel, const uint16_t* b, int64_t s0, int64_t s1, int64_t steps,
-               int64_t rows, int64_t ahead, bool first, float* c) {
+// zero, else from c) += the panel's rows times the block over k-steps [s0, s1).
+// ahead: k-steps the weight stream is prefetched ahead into L1 within the chunk, 0 for none (the
+// first panel's pass reads the chunk from DRAM; the tile loads alone leave its latency exposed,
+// since the next load of a weight tile waits for the multiplies still reading that tile
+// register). next: the L2 stream this pass advances each k-step, or null.
+void chunk_amx(const uint16_t* panel, const uint16_t* b, int64_t s0, int64_t s1, int64_t rows,
+               int64_t ahead, bool first, float* c, L2Ahead* next) {
   configure_tiles(rows);
   const bool two = rows > 16;
   const int64_t sc = kBlockN * 4, sb = kBlockN * 2 * 2, sx = kStepK * 2;  // row strides, bytes
@@ -219,10 +260,11 @@ void chunk_amx(const uint16_t* panel, const uint16_t* b, int64_t s0, int64_t s1,
   const int64_t step_elems = (kStepK / 2) * kBlockN * 2;  // one k-step of the block, 2 KiB
   for (int64_t s = s0; s < s1; ++s) {
     const uint16_t* bk = b + s * step_elems;
-    if (ahead && s + ahead < steps) {
+    if (ahead && s + ahead < s1) {
       const char* p = reinterpret_cast<const char*>(bk + ahead * step_elems);
       for (int line = 0; line < 32; ++line) _mm_prefetch(p + 64 * line, _MM_HINT_T0);
     }
+    if (next) next->step();
     const uint16_t* xs = panel + s * kPanelStep;
     _tile_loadd(6, bk, sb);
     _tile_loadd(7, bk + 32, sb);
@@ -350,54 +392,107 @@ void pack_panels(const uint16_t* x, int64_t m, int64_t k, int64_t steps, uint16_
       const int64_t k0 = s * kStepK, kn = std::min(kStepK, k - k0);
       for (int64_t r = 0; r < std::min(kBlockM, m - i * kBlockM); ++r) {
         uint16_t* d = dst + r * kStepK;
-        std::memcpy(d, x + (i * kBlockM + r) * k + k0, kn * 2);
-        if (kn < kStepK) std::memset(d + kn, 0, (kStepK - kn) * 2);
+        const uint16_t* src = x + (i * kBlockM + r) * k + k0;
+        if (kn == kStepK) {
+          std::memcpy(d, src, kStepK * 2);  // a constant size: one 64-byte move
+        } else {
+          std::memcpy(d, src, kn * 2);
+          std::memset(d + kn, 0, (kStepK - kn) * 2);
+        }
       }
     }
   }
 }
 
+// How the packed paths block one call (the header says why): k-steps per chunk, column blocks
+// per group, and the order of the passes inside a (group, chunk).
+struct Blocking {
+  int64_t chunk, group;
+  bool block_major;  // per block, every panel in turn (else per panel, every block)
+};
+
+Blocking plan_blocking(int64_t mb, int64_t steps) {
+  const int64_t step_bytes = kStepK * kBlockN * 2;  // one k-step of a block (or of a panel)
+  if (mb <= kBlockMajorPanels && (mb + 2) * steps * step_bytes <= kL2Budget) {
+    return {steps, std::max<int64_t>(1, kSumsBlocks / mb), true};
+  }
+  const int64_t chunk = std::min(steps, kChunkK / kStepK);
+  return {chunk, std::max<int64_t>(1, kChunkGroupBytes / (chunk * step_bytes)), false};
+}
+
+#if DP_DENSE_AMX
+// The block-major L2 stream over block blk: the thread's next block (all of K), spread over
+// `steps_left` k-steps of the passes that stream.
+L2Ahead l2_ahead(const uint16_t* packed, int64_t block_elems, int64_t blk, int64_t hi,
+                 int64_t steps_left) {
+  L2Ahead a;
+  if (blk + 1 >= hi) return a;
+  a.next = reinterpret_cast<const char*>(packed + (blk + 1) * block_elems);
+  a.end = a.next + block_elems * 2;
+  a.per_step = (block_elems * 2 / 64 + steps_left - 1) / steps_left;
+  return a;
+}
+#endif
+
 // The packed paths (AMX, portable): the column blocks [lo, hi) of one thread over the panels,
-// blocked as the header says: per group and k-chunk, every panel passes over the group's chunk;
-// partial sums stay in fp32 in a per-thread buffer until the last chunk, then become bf16 y.
+// blocked as plan_blocking says; partial sums stay in fp32 in a per-thread buffer until the
+// last chunk, then become bf16 y.
 void run_panels(const uint16_t* panels, int64_t m, int64_t k, int64_t steps,
                 const uint16_t* packed, int64_t n, int64_t lo, int64_t hi, int64_t isa,
                 int64_t ahead, at::BFloat16* y) {
   const int64_t k2n = k / 2, block_elems = k2n * kBlockN * 2;
   const int64_t mb = (m + kBlockM - 1) / kBlockM;
-  const int64_t chunk = std::min(steps, kChunkK / kStepK);
-  const int64_t group = std::max<int64_t>(1, kChunkGroupBytes / (chunk * kStepK * kBlockN * 2));
+  const Blocking plan = plan_blocking(mb, steps);
   thread_local std::vector<float> sums;  // kept across calls: no page faults per call
-  sums.resize(static_cast<size_t>(mb * group * kBlockM * kBlockN));
-  for (int64_t g = lo; g < hi; g += group) {
-    const int64_t g_end = std::min(hi, g + group);
-    for (int64_t s0 = 0; s0 < steps; s0 += chunk) {
-      const int64_t s1 = std::min(steps, s0 + chunk);
-      for (int64_t i = 0; i < mb; ++i) {
+  sums.resize(static_cast<size_t>(mb * plan.group * kBlockM * kBlockN));
+#if DP_DENSE_AMX
+  L2Ahead stream;
+#endif
+  for (int64_t g = lo; g < hi; g += plan.group) {
+    const int64_t g_end = std::min(hi, g + plan.group), blocks = g_end - g;
+    for (int64_t s0 = 0; s0 < steps; s0 += plan.chunk) {
+      const int64_t s1 = std::min(steps, s0 + plan.chunk);
+      for (int64_t pass = 0; pass < mb * blocks; ++pass) {
+        const int64_t i = plan.block_major ? pass % mb : pass / blocks;
+        const int64_t blk = g + (plan.block_major ? pass / mb : pass % blocks);
         const int64_t rows = std::min(kBlockM, m - i * kBlockM);
         const uint16_t* panel = panels + i * steps * kPanelStep;
-        for (int64_t blk = g; blk < g_end; ++blk) {
-          float* c = sums.data() + (i * group + (blk - g)) * kBlockM * kBlockN;
-          const uint16_t* b = packed + blk * block_elems;
+        float* c = sums.data() + (i * plan.group + (blk - g)) * kBlockM * kBlockN;
+        const uint16_t* b = packed + blk * block_elems;
 #if DP_DENSE_AMX
-          if (isa == kAmx) {
-            chunk_amx(panel, b, s0, s1, steps, rows, i == 0 ? ahead : 0, s0 == 0, c);
-            continue;
+        if (isa == kAmx) {
+          // the first panel's pass reads the chunk from DRAM and prefetches it ahead into L1;
+          // block-major, the passes after it (or the only one) stream the next block into L2
+          const bool streams = plan.block_major && (i > 0 || mb == 1);
+          if (streams && i == std::min<int64_t>(1, mb - 1)) {  // the block's first to stream
+            const int64_t streaming_steps = std::max<int64_t>(1, mb - 1) * steps;
+            stream = l2_ahead(packed, block_elems, blk, hi, streaming_steps);
           }
-#endif
-          chunk_portable(panel, b, s0, s1, k2n, rows, s0 == 0, c);
+          chunk_amx(panel, b, s0, s1, rows, i == 0 ? ahead : 0, s0 == 0, c,
+                    streams ? &stream : nullptr);
+          continue;
         }
+#endif
+        chunk_portable(panel, b, s0, s1, k2n, rows, s0 == 0, c);
       }
     }
     for (int64_t i = 0; i < mb; ++i) {
       const int64_t rows = std::min(kBlockM, m - i * kBlockM);
       for (int64_t blk = g; blk < g_end; ++blk) {
         const int64_t n0 = blk * kBlockN;
-        store_rows(sums.data() + (i * group + (blk - g)) * kBlockM * kBlockN, rows,
+        store_rows(sums.data() + (i * plan.group + (blk - g)) * kBlockM * kBlockN, rows,
                    std::min(kBlockN, n - n0), y + i * kBlockM * n + n0, n);
       }
     }
   }
+}
+
+// The calling thread's x-panel buffer, kept across calls (a fresh one, hundreds of KiB, was
+// page-faulted in on every call) and grown as needed; at::empty aligns it to 64 bytes.
+uint16_t* panel_buffer(int64_t elems, const at::TensorOptions& options) {
+  thread_local at::Tensor buf;
+  if (!buf.defined() || buf.numel() < elems) buf = at::empty({elems}, options);
+  return reinterpret_cast<uint16_t*>(buf.data_ptr<at::BFloat16>());
 }
 
 at::Tensor packed_linear(at::Tensor x, at::Tensor packed, int64_t n, int64_t isa,
@@ -412,9 +507,7 @@ at::Tensor packed_linear(at::Tensor x, at::Tensor packed, int64_t n, int64_t isa
   at::BFloat16* yp = y.data_ptr<at::BFloat16>();
   const bool panelled = isa == kAmx || isa == kPortable;
   const int64_t steps = (k + kStepK - 1) / kStepK, mb = (m + kBlockM - 1) / kBlockM;
-  at::Tensor panels = panelled ? at::empty({mb * steps * kPanelStep}, x.options()) : at::Tensor();
-  uint16_t* pp = panelled ? reinterpret_cast<uint16_t*>(panels.data_ptr<at::BFloat16>())
-                          : nullptr;
+  uint16_t* pp = panelled ? panel_buffer(mb * steps * kPanelStep, x.options()) : nullptr;
   const int threads = static_cast<int>(std::clamp<int64_t>(at::get_num_threads(), 1, nb));
 #pragma omp parallel num_threads(threads)
   {
