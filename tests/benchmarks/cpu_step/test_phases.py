@@ -13,7 +13,7 @@ import pytest
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs import CostModel, ModelShape, load_spec, synthesize
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_every_phase_of_the_step_is_timed_beside_its_model_for_each_host_pool(tmp_path):

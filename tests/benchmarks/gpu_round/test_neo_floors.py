@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dualpace_sim.costs import load_profile
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_neo_floors_benchmark_measures_the_decode_floor_and_prices_rounds(tmp_path):

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from .checkpoints import make_checkpoint, tiny_scenario
+from tests.hw.checkpoints import make_checkpoint, tiny_scenario
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GUIDELLM = ROOT / ".venv-load" / "bin" / "guidellm"
 
 

@@ -21,9 +21,8 @@ from dualpace_hw.memory.tokens import TokenStore
 from dualpace_sim.core.plans import GpuPlan, PrefillChunk
 from dualpace_sim.core.request import Owner, Request, RoundLog, blocks_for
 from dualpace_sim.core.routing import Route
-
-from .checkpoints import make_checkpoint, reference_model, reference_tokens
-from .reference import dense_logits
+from tests.hw.checkpoints import make_checkpoint, reference_model, reference_tokens
+from tests.hw.reference import dense_logits
 
 pytest.importorskip("transformers", reason="the reference comparison needs the serve extra")
 

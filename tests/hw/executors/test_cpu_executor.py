@@ -19,8 +19,7 @@ from dualpace_hw.memory.kv import PagedKVPool, slot_mapping
 from dualpace_sim.core.plans import CpuPlan
 from dualpace_sim.core.request import Owner, Request, RoundLog
 from dualpace_sim.core.routing import Route
-
-from .reference import dense_logits
+from tests.hw.reference import dense_logits
 
 BS = 4
 PROMPTS = {11: [3, 17, 42, 5, 99, 7], 12: [250, 13], 13: [8, 64, 1, 2, 3, 4, 5, 6, 7, 9, 10]}

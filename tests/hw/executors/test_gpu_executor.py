@@ -21,8 +21,7 @@ from dualpace_sim.core.blocks import BlockPool
 from dualpace_sim.core.plans import BlockMoves, GpuPlan, PrefillChunk
 from dualpace_sim.core.request import Owner, Request, RoundLog, blocks_for
 from dualpace_sim.costs.shapes import ModelShape
-
-from .reference import dense_logits
+from tests.hw.reference import dense_logits
 
 BS = 4
 

@@ -9,8 +9,7 @@ from dualpace_hw.executors.model import Model, ModelWeights, rope_inv_freq
 from dualpace_hw.kernels.attention import paged_decode_attention, prefill_attention
 from dualpace_hw.memory.kv import PagedKVPool, slot_mapping
 from dualpace_sim.costs.shapes import ModelShape
-
-from .reference import dense_logits
+from tests.hw.reference import dense_logits
 
 TOKENS = [3, 17, 42, 5, 99, 7, 1, 250, 13, 64, 8]
 

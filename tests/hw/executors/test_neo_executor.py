@@ -15,10 +15,10 @@ from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.core.neo import NeoPlan, SubBatch
 from dualpace_sim.core.plans import BlockMoves
 from dualpace_sim.core.request import Owner, blocks_for
+from tests.hw.reference import dense_logits
+from tests.hw.runtime.test_neo import neo_scenario
 
-from .reference import dense_logits
 from .test_gpu_executor import BS, PROMPTS, Box
-from .test_neo_runtime import neo_scenario
 
 
 def grow(box: Box, reqs, host: bool) -> None:

@@ -20,8 +20,7 @@ from dualpace_sim.cli.main import app as sim_app
 from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.costs import load_profile
 from dualpace_sim.costs.calibrate import run_assist_calls
-
-from .scenarios import tiny_scenario
+from tests.hw.scenarios import tiny_scenario
 
 pytestmark = pytest.mark.usefixtures("keep_the_cores")
 

@@ -37,12 +37,11 @@ from dualpace_sim.results.node_series import ENGINES, STATE_COLUMNS, read_series
 from dualpace_sim.results.provenance import PARQUET_KEY, RUN_PROFILE, provenance, scenario_hash
 from dualpace_sim.results.records import read_metadata, read_records
 from dualpace_sim.results.replay import replay, replay_run, replay_states
-
-from ..conftest import REPO_ROOT
-from ..signals import default_sigint
-from .reference import dense_logits
-from .scenarios import tiny_scenario
-from .summaries import check_real_summary
+from tests.conftest import REPO_ROOT
+from tests.hw.reference import dense_logits
+from tests.hw.scenarios import tiny_scenario
+from tests.hw.summaries import check_real_summary
+from tests.signals import default_sigint
 
 
 def scenario(tmp_path, policies, **scheduler) -> object:

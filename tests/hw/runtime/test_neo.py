@@ -18,9 +18,9 @@ from dualpace_sim.core import Owner
 from dualpace_sim.core.journal import JOURNAL_FILE, Journal
 from dualpace_sim.results.records import read_records, records_frame
 from dualpace_sim.results.replay import replay, replay_run
+from tests.hw.scenarios import tiny_scenario
 
-from .scenarios import tiny_scenario
-from .test_runtime import check_reference_tokens
+from .test_engines import check_reference_tokens
 
 
 def neo_scenario(tmp_path, policies=("neo",), **neo) -> object:

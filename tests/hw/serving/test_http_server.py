@@ -23,9 +23,8 @@ import yaml
 
 from dualpace_hw.executors.checkpoint import load_checkpoint
 from dualpace_hw.executors.sampling import SamplingParams
-
-from .checkpoints import make_checkpoint, reference_model, reference_tokens, tiny_scenario
-from .summaries import check_real_summary
+from tests.hw.checkpoints import make_checkpoint, reference_model, reference_tokens, tiny_scenario
+from tests.hw.summaries import check_real_summary
 
 openai = pytest.importorskip("openai", reason="the server tests need the serve extra")
 httpx = pytest.importorskip("httpx")

@@ -14,8 +14,7 @@ from dualpace_hw.cli import app
 from dualpace_hw.serving.serve import build_runtime, open_checkpoint
 from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.costs import load_profile
-
-from .checkpoints import make_checkpoint, tiny_scenario
+from tests.hw.checkpoints import make_checkpoint, tiny_scenario
 
 pytestmark = pytest.mark.usefixtures("keep_the_cores")
 

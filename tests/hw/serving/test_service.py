@@ -16,8 +16,7 @@ from dualpace_hw.serving.service import EngineService, held_back
 from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.core import Owner
 from dualpace_sim.results.replay import replay
-
-from .checkpoints import make_checkpoint, reference_model, reference_tokens, tiny_scenario
+from tests.hw.checkpoints import make_checkpoint, reference_model, reference_tokens, tiny_scenario
 
 pytest.importorskip("transformers", reason="the reference comparison needs the serve extra")
 
