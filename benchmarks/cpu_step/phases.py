@@ -2,7 +2,7 @@
 
 Through the runtime's CPU engine process the step's CPU-local part (pre-attention and
 attention, every layer) cost 1.3-1.6x the model on the H200 box, and 1.35x in serving
-(benchmarks/results/h200-issue7/README.md); three suspects were ruled out there. This benchmark
+(benchmarks/results/cpu_step/README.md); three suspects were ruled out there. This benchmark
 runs the same `CpuExecutor` step in this process, pinned to the CPU engine's cores, with each
 phase of it timed: pre-attention, the KV write, attention, the Dense Assists (served in-process
 by a GPU executor, no handshake) or the CPU post-attention, the post-layer, and the rest (the
@@ -13,9 +13,9 @@ engine's process. The host KV pool is held as the runtime holds it, in a shared 
 memory, which transparent huge pages may back where a shared mapping gets 4 KB pages): running
 both tells whether the pool's pages are part of the excess.
 
-    python benchmarks/cpu_step_phases.py --profile calibration/h200-spr16/llama-3.1-8b.yaml \\
+    python -m benchmarks.cpu_step.phases --profile calibration/h200-spr16/llama-3.1-8b.yaml \\
         --cpu-cores 14
-    python benchmarks/cpu_step_phases.py --roofline rtx4090-xeon4510-12c --model tiny-llama \\
+    python -m benchmarks.cpu_step.phases --roofline rtx4090-xeon4510-12c --model tiny-llama \\
         --device cpu --batches 1 2 --context 32 --steps 2        # smoke
 """
 
@@ -30,8 +30,8 @@ from collections import defaultdict
 from collections.abc import Callable
 
 import torch
-from profile_args import add_cpu_step_arguments, add_profile_arguments, profile_from
 
+from benchmarks.profile_args import add_cpu_step_arguments, add_profile_arguments, profile_from
 from dualpace_hw.executors import cpu_executor
 from dualpace_hw.executors.cpu_executor import CpuExecutor, CpuStep
 from dualpace_hw.executors.gpu_executor import GpuExecutor

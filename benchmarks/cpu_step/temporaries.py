@@ -8,8 +8,8 @@ for each row count, in two child processes of the same build: glibc's defaults, 
 memory kept. Prints each figure's time and minor page faults per call in both, and the ratio it
 is judged by: default / kept at 64 rows and above (1.0 means the allocator costs nothing).
 
-    python benchmarks/cpu_temporaries.py --model llama-3.1-8b --threads 14
-    python benchmarks/cpu_temporaries.py --model tiny-llama --rows 1 64 --calls 3   # smoke
+    python -m benchmarks.cpu_step.temporaries --model llama-3.1-8b --threads 14
+    python -m benchmarks.cpu_step.temporaries --model tiny-llama --rows 1 64 --calls 3   # smoke
 """
 
 from __future__ import annotations

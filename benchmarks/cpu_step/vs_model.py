@@ -15,9 +15,9 @@ N x (pre-attention + attention), the route's T_r(b)), and their ratio. It splits
   against a_w + q + g + a_r; and on the serving side its service (GPU-Running to GPU-Done)
   and the CUDA time within it, against the profile's g.
 
-    python benchmarks/cpu_step_vs_model.py --profile calibration/h200-spr16/llama-3.1-8b.yaml \\
+    python -m benchmarks.cpu_step.vs_model --profile calibration/h200-spr16/llama-3.1-8b.yaml \\
         --cpu-cores 14
-    python benchmarks/cpu_step_vs_model.py --roofline rtx4090-xeon4510-12c --model tiny-llama \\
+    python -m benchmarks.cpu_step.vs_model --roofline rtx4090-xeon4510-12c --model tiny-llama \\
         --device cpu --batches 1 2 --context 32 --steps 2        # smoke
 """
 
@@ -31,8 +31,8 @@ import threading
 import time
 
 import torch
-from profile_args import add_cpu_step_arguments, add_profile_arguments, profile_from
 
+from benchmarks.profile_args import add_cpu_step_arguments, add_profile_arguments, profile_from
 from dualpace_hw.executors.cpu_executor import CpuStep
 from dualpace_hw.executors.gpu_executor import GpuExecutor
 from dualpace_hw.executors.model import Model, ModelWeights

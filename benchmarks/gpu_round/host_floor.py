@@ -7,7 +7,8 @@ validation runs, where the profiler's stand-in found DualPace's placement faster
 decodes, as the profiler's `gpu.eager_layer_s`) again and again in each of the ways the
 profiler and the runtime run it, in one process, and prints the time per layer of each:
 
-* layer, back to back: the profiler's measurement (one layer, all cores);
+* layer, back to back: the profiler's measurement (`Measurer.eager_prefill_layer`: one
+  layer run eagerly, all cores);
 * round, all cores: vLLM's engine (`GpuExecutor.execute`);
 * round, cores left: the same on the cores `--cpu-cores` leaves, as DualPace's GPU engine has;
 * DualPace's loop: stage by stage, polling the Dense Assist control block at each boundary,
@@ -16,9 +17,9 @@ profiler and the runtime run it, in one process, and prints the time per layer o
 A round's per-layer time is the round less the model's pre-layer, post-layer and overhead,
 over the layers (as `docs/validation/analysis/small_prefill_floors.py` reads the journals).
 
-    python benchmarks/gpu_host_floor.py --profile calibration/h200-spr16/llama-3.1-8b.yaml \\
+    python -m benchmarks.gpu_round.host_floor --profile calibration/h200-spr16/llama-3.1-8b.yaml \\
         --cpu-cores 14
-    python benchmarks/gpu_host_floor.py --roofline rtx4090-xeon4510-12c --model tiny-llama \\
+    python -m benchmarks.gpu_round.host_floor --roofline rtx4090-xeon4510-12c --model tiny-llama \\
         --device cpu --cpu-cores 1 --rounds 3        # smoke
 """
 
@@ -32,14 +33,15 @@ import time
 from collections.abc import Callable
 
 import torch
-from profile_args import add_profile_arguments, profile_from
 
-from dualpace_hw.executors.gpu_executor import ForwardState, GpuExecutor
+from benchmarks.profile_args import add_profile_arguments, profile_from
+from dualpace_hw.executors.gpu_executor import GpuExecutor
 from dualpace_hw.executors.model import Model, ModelWeights
 from dualpace_hw.memory.kv import PagedKVPool
-from dualpace_hw.memory.migrate import CopyGroup
 from dualpace_hw.memory.tokens import TokenStore
-from dualpace_hw.profiler.measure import small_mixed_plan
+from dualpace_hw.profiler.grids import Grids
+from dualpace_hw.profiler.measure import Measurer, small_mixed_plan
+from dualpace_hw.profiler.timing import Protocol, Timer
 from dualpace_hw.runtime.cpu_worker import CpuEngineProcess
 from dualpace_hw.runtime.engines import AssistServer, Engines
 from dualpace_hw.runtime.processes import on_cores
@@ -89,11 +91,11 @@ def main() -> None:
         return (round_s - fixed) / n
 
     rows: dict[str, float] = {}
+    protocol = Protocol()
+    measurer = Measurer(shape, dev, Timer(dev, protocol), Timer(torch.device("cpu"), protocol),
+                        Grids.quick(), bs, cpu=False)
+    rows["layer, back to back (the profile's)"] = measurer.eager_prefill_layer()
     vllm = GpuExecutor(model, pool, tokens, cuda_graphs=False)
-    batch, state, copies = vllm.prepare(plan), ForwardState(), CopyGroup()
-    vllm._pre_layer(batch, state)
-    rows["layer, back to back (the profile's)"] = median_s(
-        lambda: [vllm._layer(0, batch, state, copies) for _ in range(n)], dev, args.rounds) / n
     rows["round, all cores (vLLM)"] = per_layer(
         median_s(lambda: vllm.execute(plan), dev, args.rounds))
     with on_cores(left):

@@ -10,9 +10,9 @@ same order) and sets each beside the simulator's price with the measured floor, 
 given profile as it is. `--write-profile` writes --profile with the measured
 `neo.eager_decode_layer_s`, for `dualpace-sim validate --costs`.
 
-    python benchmarks/neo_floors.py --profile calibration/h200-spr16/llama-3.1-8b.yaml \\
+    python -m benchmarks.gpu_round.neo_floors --profile calibration/h200-spr16/llama-3.1-8b.yaml \\
         --write-profile /tmp/llama-3.1-8b-neo.yaml
-    python benchmarks/neo_floors.py --roofline rtx4090-xeon4510-12c --model tiny-llama \\
+    python -m benchmarks.gpu_round.neo_floors --roofline rtx4090-xeon4510-12c --model tiny-llama \\
         --device cpu --rounds 2                                  # smoke
 """
 
@@ -23,9 +23,9 @@ import statistics
 from pathlib import Path
 
 import torch
-from gpu_host_floor import median_s
-from profile_args import add_profile_arguments, profile_from
 
+from benchmarks.gpu_round.host_floor import median_s
+from benchmarks.profile_args import add_profile_arguments, profile_from
 from dualpace_hw.executors.gpu_executor import GpuExecutor
 from dualpace_hw.executors.model import Model, ModelWeights
 from dualpace_hw.memory.kv import PagedKVPool
@@ -64,7 +64,7 @@ def main() -> None:
     print(f"neo.eager_decode_layer_s {floor * 1e3:7.3f} ms  (samples "
           + ", ".join(f"{x * 1e3:.3f}" for x in decode) + ")")
     note = (f" neo.eager_decode_layer_s = {floor * 1e3:.3f} ms, the median of "
-            f"{args.samples} measurements by benchmarks/neo_floors.py (samples "
+            f"{args.samples} measurements by benchmarks/gpu_round/neo_floors.py (samples "
             + ", ".join(f"{x * 1e3:.3f}" for x in decode) + " ms).")
     measured = profile.model_copy(update={
         "neo": profile.neo.model_copy(update={"eager_decode_layer_s": floor}),

@@ -14,9 +14,9 @@ ranks at the model's depth (or `--layers`), CUDA graphs as served, and prints fo
   that the other ranks have queued their whole round first: if the layers stay as slow, their
   extra time is the GPUs', not a rank's host lagging.
 
-    python benchmarks/tp_rounds.py --profile calibration/h200x2-xeon32/qwen3-14b.yaml \\
+    python -m benchmarks.gpu_round.tp_rounds --profile calibration/h200x2-xeon32/qwen3-14b.yaml \\
         --world 2 --delay-ms 5 --json out.json
-    python benchmarks/tp_rounds.py --roofline rtx4090-xeon4510-12c --model tiny-llama \\
+    python -m benchmarks.gpu_round.tp_rounds --roofline rtx4090-xeon4510-12c --model tiny-llama \\
         --device cpu --world 2 --rows 1 4 --rounds 3        # smoke (Gloo)
 """
 
@@ -30,8 +30,8 @@ import statistics
 import time
 
 import torch
-from profile_args import add_profile_arguments, profile_from
 
+from benchmarks.profile_args import add_profile_arguments, profile_from
 from dualpace_hw.executors.gpu_executor import GpuExecutor
 from dualpace_hw.executors.model import ModelWeights
 from dualpace_hw.memory.tokens import TokenStore

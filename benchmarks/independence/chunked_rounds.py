@@ -9,8 +9,9 @@ for the rounds DualPace serves beside its CPU engine, served rounds a second alo
 Fused-Assist steps of the CPU engine (`cpu_independence.beside_fused_assist`). It prints the
 ratio it is judged by: served rounds a second beside the CPU engine, graphs over eager.
 
-    python benchmarks/chunked_rounds.py --model llama-3.1-8b --cpu-cores 14 --json out.json
-    python benchmarks/chunked_rounds.py --model tiny-llama --device cpu --smoke   # CI
+    python -m benchmarks.independence.chunked_rounds --model llama-3.1-8b --cpu-cores 14 \\
+        --json out.json
+    python -m benchmarks.independence.chunked_rounds --model tiny-llama --device cpu --smoke   # CI
 """
 
 from __future__ import annotations
@@ -21,8 +22,14 @@ import statistics
 import time
 
 import torch
-from cpu_independence import BS, beside_fused_assist, cpu_step, engine_beside, gpu_plan
 
+from benchmarks.independence.cpu_engine import (
+    BS,
+    beside_fused_assist,
+    cpu_step,
+    engine_beside,
+    gpu_plan,
+)
 from dualpace_hw.executors.gpu_executor import GpuExecutor
 from dualpace_hw.executors.model import Model, ModelWeights
 from dualpace_hw.memory.kv import PagedKVPool

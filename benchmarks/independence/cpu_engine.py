@@ -17,8 +17,8 @@ before session 14: served DualPace prefill rounds were 1.5x their model while th
 decoded, docs/validation/README.md). Eager mixed rounds are where that shows: the host issues
 a stage in about the time the GPU runs it, so a stage the GPU waits for is a stage lost.
 
-    python benchmarks/cpu_independence.py --model llama-3.1-8b --cpu-cores 14
-    python benchmarks/cpu_independence.py --model tiny-llama --device cpu --steps 5   # smoke
+    python -m benchmarks.independence.cpu_engine --model llama-3.1-8b --cpu-cores 14
+    python -m benchmarks.independence.cpu_engine --model tiny-llama --device cpu --steps 5   # smoke
 """
 
 from __future__ import annotations

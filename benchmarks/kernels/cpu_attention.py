@@ -1,10 +1,9 @@
 """CPU kernel benchmarks: paged decode attention vs host read bandwidth, Llama-3.1-8B shapes
 (one layer's KV: 8 KV heads x 128, 32 query heads). The dense stages are measured by
-benchmarks/cpu_tier.py.
+benchmarks/kernels/cpu_tier.py.
 
-`cpu_section(out)` is what benchmarks/hw_kernels.py calls; run alone:
-
-    python benchmarks/cpu_kernels.py [--quick] [--out benchmarks/results/BOX-cpu_kernels.md]
+    python -m benchmarks.kernels.cpu_attention [--quick] \\
+        [--out benchmarks/results/kernels/BOX-cpu_kernels.md]
 
 Every figure is set next to the limit measured in the same run: attention bytes of KV read per
 second vs a streaming read of a large buffer with all threads (target >= 75%).
@@ -296,7 +295,7 @@ def cpu_section(out: dict, quick: bool = False) -> None:
 def to_markdown(res: dict) -> str:
     box = res["box"]
     lines = ["# CPU kernels: paged decode attention", "",
-             "Made by `python benchmarks/cpu_kernels.py`.", "",
+             "Made by `python -m benchmarks.kernels.cpu_attention`.", "",
              "## Box", ""]
     lines += [f"- {k}: {v}" for k, v in box.items()]
     ext = res["extension"]

@@ -9,14 +9,16 @@ Every figure is set beside a limit measured in the same run:
   weights, TF/s and the ratios to the two limits. Weights cycle through copies spanning twice
   the last-level cache, so no stage is timed from cache;
 * steps: Full-CPU and Fused-Assist decode steps through the runtime's CPU engine process,
-  against the cost model (`cpu_step_vs_model.py`), rows in the order given;
-* independence: `cpu_independence.py`'s two ratios (each engine's pace kept beside the other);
+  against the cost model (`benchmarks.cpu_step.vs_model`), rows in the order given;
+* independence: `benchmarks.independence.cpu_engine`'s two ratios (each engine's pace kept
+  beside the other);
 * prefill: GPU prefill attention (the executor's flash varlen path, and the masked SDPA it
   replaced) against the roofline's price for the same chunk and context.
 
-    python benchmarks/cpu_tier.py --profile calibration/h200-spr16/llama-3.1-8b.yaml \\
-        --cpu-cores 14 --out benchmarks/results/h200-spr16-cpu_tier.md
-    python benchmarks/cpu_tier.py --model tiny-llama --device cpu --quick --sections limits dense
+    python -m benchmarks.kernels.cpu_tier --profile calibration/h200-spr16/llama-3.1-8b.yaml \\
+        --cpu-cores 14 --out benchmarks/results/kernels/h200-spr16-cpu_tier.md
+    python -m benchmarks.kernels.cpu_tier --model tiny-llama --device cpu --quick \\
+        --sections limits dense
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ from dualpace_hw.executors.packed import (
 from dualpace_hw.kernels.cpu_attention import extension_info, pin_threads, stream_read
 from dualpace_sim.costs import ModelShape, load_profile
 
-HERE = Path(__file__).parent
 ROWS = (1, 2, 4, 8, 16, 32, 48, 63, 64, 65, 96, 128, 256, 512, 1024)
 QUICK_ROWS = (1, 4, 64, 65, 256)
 STEP_ROWS = (1, 2, 4, 8, 16, 32, 48, 63, 64, 65, 96, 128, 256, 512)
@@ -165,9 +166,9 @@ def dense(shape: ModelShape, rows: tuple[int, ...], lim: dict, llc_bytes: int) -
 
 # ------------------------------------------------------------------------------ the others
 def run_script(script: str, args: list[str], json_path: Path, timeout_s: float) -> dict | None:
-    """Another benchmark of this folder in its own process (its own cores and CUDA context);
-    its JSON, or None when it failed or ran out of time (its output is printed either way)."""
-    cmd = [sys.executable, str(HERE / script), *args, "--json", str(json_path)]
+    """Another benchmark, a module, in its own process (its own cores and CUDA context); its
+    JSON, or None when it failed or ran out of time (its output is printed either way)."""
+    cmd = [sys.executable, "-m", script, *args, "--json", str(json_path)]
     print(f"\n$ {' '.join(cmd)}", flush=True)
     try:
         subprocess.run(cmd, timeout=timeout_s, check=False)
@@ -360,13 +361,14 @@ def main() -> None:
     if "independence" in args.sections:  # first: it takes the cores its own way
         cores = ["--cpu-cores", str(args.cpu_cores)] if args.cpu_cores else []
         res["independence"] = run_script(
-            "cpu_independence.py", ["--model", shape.name, "--device", args.device, *cores],
+            "benchmarks.independence.cpu_engine",
+            ["--model", shape.name, "--device", args.device, *cores],
             tmp / "independence.json", args.timeout_s)
         write(res, args.out)
     if "steps" in args.sections and args.profile:
         cores = ["--cpu-cores", str(args.cpu_cores)] if args.cpu_cores else []
         res["steps"] = run_script(
-            "cpu_step_vs_model.py",
+            "benchmarks.cpu_step.vs_model",
             ["--profile", args.profile, "--device", args.device, *cores, "--routes",
              "Full-CPU", "Fused-Assist", "--batches", *map(str, args.step_rows),
              "--context", "1024", "--steps", "3"], tmp / "steps.json", args.timeout_s)

@@ -11,10 +11,10 @@ profile's decode round of B requests at --context tokens each: the GPU engine's 
 the CPU engine's step (Full-CPU, all local) on cpu. Judged by the ratio, sampling time over
 the round's: at most 0.05.
 
-    python benchmarks/sampling_cost.py --profile calibration/h200-spr16/llama-3.1-8b.yaml
-    python benchmarks/sampling_cost.py --profile calibration/h200-spr16/llama-3.1-8b.yaml \\
+    python -m benchmarks.kernels.sampling --profile calibration/h200-spr16/llama-3.1-8b.yaml
+    python -m benchmarks.kernels.sampling --profile calibration/h200-spr16/llama-3.1-8b.yaml \\
         --device cpu --cpu-cores 14
-    python benchmarks/sampling_cost.py --roofline rtx4090-xeon4510-12c --model tiny-llama \\
+    python -m benchmarks.kernels.sampling --roofline rtx4090-xeon4510-12c --model tiny-llama \\
         --device cpu --batches 1 4 --rounds 3        # smoke
 """
 
@@ -26,8 +26,8 @@ import statistics
 import time
 
 import torch
-from profile_args import add_profile_arguments, profile_from
 
+from benchmarks.profile_args import add_profile_arguments, profile_from
 from dualpace_hw.executors.sampling import SamplingParams, perturb, sample
 from dualpace_sim.costs import CostModel
 

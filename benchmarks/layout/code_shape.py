@@ -3,8 +3,8 @@ per package folder, its modules and the median and longest function; the functio
 the limit in the parts that must stay short (the core, the simulator's engines, the executors);
 and blocks of six or more lines repeated anywhere in the two packages.
 
-    python benchmarks/code_shape.py              # from the repository root
-    python benchmarks/code_shape.py --json shape.json
+    python -m benchmarks.layout.code_shape              # from the repository root
+    python -m benchmarks.layout.code_shape --json shape.json
 
 Its last line is the figure a layout change is judged by: the longest function in the short
 parts over the limit (<= 1 is the target).
@@ -21,7 +21,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("dualpace_sim", "dualpace_hw")
 # Where no function may pass LIMIT lines: the scheduling core, the simulator's engines and the
 # runtime's executors.

@@ -17,7 +17,7 @@ runtime's own records in OUT:
 guidellm pins its own dependencies (click, torch), so it lives in a virtual environment of its
 own (`make load-tool` makes `.venv-load`); `--guidellm` names its executable.
 
-    python benchmarks/serve_load.py SCENARIO --checkpoint DIR --out OUT --rates 2 4 \\
+    python -m benchmarks.serving.load SCENARIO --checkpoint DIR --out OUT --rates 2 4 \\
         --requests 100 --prompt-tokens 512 --output-tokens 128 --cpu-cores 13 --client-cores 1
 """
 
@@ -33,7 +33,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-DEFAULT_GUIDELLM = Path(__file__).resolve().parent.parent / ".venv-load" / "bin" / "guidellm"
+DEFAULT_GUIDELLM = Path(__file__).resolve().parents[2] / ".venv-load" / "bin" / "guidellm"
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:

@@ -1,6 +1,6 @@
 """How fast the simulator runs: simulated requests per wall-second on one core.
 
-Runs benchmarks/sim_speed.yaml several times (scenario loading excluded, it is not the hot path)
+Runs benchmarks/sim_speed/run.yaml several times (scenario loading excluded, it is not the hot path)
 and reports the median wall and CPU time (CPU time is what to compare on a shared machine).
 Target: the 2,000-request run in <= 2 s (>= 1,000 requests per second).
 
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+REPO = HERE.parents[1]
 SHARED_AZURE = REPO.parent / "shared" / "data" / "azure"
 
 
@@ -79,7 +79,7 @@ def describe(r: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--scenario", type=Path, default=HERE / "sim_speed.yaml")
+    parser.add_argument("--scenario", type=Path, default=HERE / "run.yaml")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="a checkout of the code to compare with, timed in the same run")
     parser.add_argument("--one-run", action="store_true", help=argparse.SUPPRESS)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCENARIO = HERE.parent / "scenarios/paper/llama8b-rtx4090-conv.yaml"
+SCENARIO = HERE.parents[1] / "scenarios/paper/llama8b-rtx4090-conv.yaml"
 # Offered rates (req/s) below and above every policy's saturation knee on this box
 # (scenarios/paper/llama8b-rtx4090-conv.yaml: vLLM saturates near 2, DualPace and NEO near 4.5).
 RATES = {"below": 1.5, "above": 6.0}

@@ -1,4 +1,4 @@
-"""How fast a whole sweep runs: benchmarks/sweep_speed.yaml through the `dualpace-sim sweep`
+"""How fast a whole sweep runs: benchmarks/sim_speed/sweep.yaml through the `dualpace-sim sweep`
 code path (:func:`dualpace_sim.experiments.sweep.run_sweep`, in-process call, worker processes as
 usual).
 
@@ -19,13 +19,13 @@ from pathlib import Path
 from dualpace_sim.experiments.sweep import format_sustainable, run_sweep
 
 HERE = Path(__file__).resolve().parent
-SHARED_AZURE = HERE.parent.parent / "shared" / "data" / "azure"
+SHARED_AZURE = HERE.parents[2] / "shared" / "data" / "azure"
 TARGET_S = 120.0
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scenario", type=Path, default=HERE / "sweep_speed.yaml")
+    parser.add_argument("--scenario", type=Path, default=HERE / "sweep.yaml")
     parser.add_argument("--workers", type=int, default=None, help="default: CPU count")
     parser.add_argument("--keep", action="store_true", help="keep and print the output folder")
     args = parser.parse_args()

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.cpu_step.phases import model_phases
+from benchmarks.cpu_step.vs_model import model_step
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs import CostModel, ModelShape, load_spec, synthesize
 
@@ -20,7 +22,7 @@ def test_every_phase_of_the_step_is_timed_beside_its_model_for_each_host_pool(tm
     out = tmp_path / "phases.json"
     pools = ["shared", "shared-huge", "private"]
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "cpu_step_phases.py"), "--roofline",
+        [sys.executable, "-m", "benchmarks.cpu_step.phases", "--roofline",
          "rtx4090-xeon4510-12c", "--model", "tiny-llama", "--device", "cpu", "--batches", "1",
          "2", "--context", "32", "--steps", "2", "--pool", *pools, "--json", str(out)],
         capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -42,11 +44,7 @@ def test_every_phase_of_the_step_is_timed_beside_its_model_for_each_host_pool(tm
 
 
 @pytest.mark.parametrize("route", [Route.FUSED_ASSIST, Route.FULL_CPU])
-def test_the_phases_model_adds_up_to_the_simulators_step(route, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    from cpu_step_phases import model_phases
-    from cpu_step_vs_model import model_step
-
+def test_the_phases_model_adds_up_to_the_simulators_step(route):
     cm = CostModel(synthesize(load_spec("rtx4090-xeon4510-12c"),
                               ModelShape.from_name("llama-3.1-8b")))
     for b in (1, 16):

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_cpu_temporaries_benchmark_prints_its_ratio(tmp_path):
     out = tmp_path / "figures.json"
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "cpu_temporaries.py"), "--model",
+        [sys.executable, "-m", "benchmarks.cpu_step.temporaries", "--model",
          "tiny-llama", "--rows", "1", "64", "--calls", "3", "--json", str(out)],
         capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]

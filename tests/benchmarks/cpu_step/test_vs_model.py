@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_cpu_step_benchmark_prints_measured_against_the_model(tmp_path):
     out = tmp_path / "figures.json"
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "cpu_step_vs_model.py"), "--roofline",
+        [sys.executable, "-m", "benchmarks.cpu_step.vs_model", "--roofline",
          "rtx4090-xeon4510-12c", "--model", "tiny-llama", "--device", "cpu", "--batches", "1",
          "2", "--context", "32", "--steps", "2", "--json", str(out)],
         capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -35,7 +35,7 @@ def test_cpu_step_benchmark_prints_measured_against_the_model(tmp_path):
 def test_cpu_step_benchmark_times_only_the_routes_asked_for(tmp_path):
     out = tmp_path / "figures.json"
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "cpu_step_vs_model.py"), "--roofline",
+        [sys.executable, "-m", "benchmarks.cpu_step.vs_model", "--roofline",
          "rtx4090-xeon4510-12c", "--model", "tiny-llama", "--device", "cpu", "--batches", "1",
          "--context", "32", "--steps", "1", "--routes", "Fused-Assist", "--json", str(out)],
         capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_gpu_host_floor_benchmark_prints_each_way_of_running_the_round(tmp_path):
     out = tmp_path / "figures.json"
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_host_floor.py"), "--roofline",
+        [sys.executable, "-m", "benchmarks.gpu_round.host_floor", "--roofline",
          "rtx4090-xeon4510-12c", "--model", "tiny-llama", "--device", "cpu", "--cpu-cores", "1",
          "--rounds", "2", "--json", str(out)],
         capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_neo_floors_benchmark_measures_the_decode_floor_and_prices_rounds(tmp_path):
     out = tmp_path / "neo.yaml"
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "neo_floors.py"), "--roofline",
+        [sys.executable, "-m", "benchmarks.gpu_round.neo_floors", "--roofline",
          "rtx4090-xeon4510-12c", "--model", "tiny-llama", "--device", "cpu", "--samples", "1",
          "--rounds", "1", "--batches", "1", "2", "--context", "32", "--write-profile", str(out)],
         capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -14,10 +14,10 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_chunked_rounds_benchmark_prints_its_ratio(tmp_path):
     out = tmp_path / "figures.json"
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "chunked_rounds.py"), "--model", "tiny-llama",
+        [sys.executable, "-m", "benchmarks.independence.chunked_rounds", "--model", "tiny-llama",
          "--device", "cpu", "--smoke", "--batch", "2", "--context", "32", "--steps", "2",
          "--json", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT / "benchmarks")
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "graphs over eager" in run.stdout
     figures = json.loads(out.read_text())

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_cpu_independence_benchmark_prints_its_ratio(tmp_path):
     out = tmp_path / "figures.json"
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "cpu_independence.py"), "--model",
+        [sys.executable, "-m", "benchmarks.independence.cpu_engine", "--model",
          "tiny-llama", "--device", "cpu", "--steps", "2", "--batch", "2", "--context", "32",
          "--gpu-chunk", "16", "--gpu-decodes", "2", "--json", str(out)],
         capture_output=True, text=True, timeout=300, cwd=ROOT)

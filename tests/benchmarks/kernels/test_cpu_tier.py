@@ -1,6 +1,7 @@
-"""The CPU-tier report (`benchmarks/cpu_tier.py`) runs end to end on the CPU device with a tiny
-model, so it keeps working between the sessions that run it on the accelerator machine: here its
-prefill section, the flash path timed as the runtime issues it beside one synchronous call."""
+"""The CPU-tier report (`benchmarks/kernels/cpu_tier.py`) runs end to end on the CPU device with a
+tiny model, so it keeps working between the sessions that run it on the accelerator machine:
+here its prefill section, the flash path timed as the runtime issues it beside one synchronous
+call."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_cpu_tier_report_prices_prefill_attention_against_the_roofline(tmp_path):
     out = tmp_path / "cpu_tier.md"
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "cpu_tier.py"), "--model", "tiny-llama",
+        [sys.executable, "-m", "benchmarks.kernels.cpu_tier", "--model", "tiny-llama",
          "--device", "cpu", "--quick", "--sections", "prefill", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT / "benchmarks")
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
     res = json.loads(out.with_suffix(".json").read_text())
     rows = res["prefill"]

@@ -14,10 +14,10 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_sampling_cost_benchmark_prints_each_kind_beside_its_round(tmp_path):
     out = tmp_path / "figures.json"
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "sampling_cost.py"), "--roofline",
+        [sys.executable, "-m", "benchmarks.kernels.sampling", "--roofline",
          "rtx4090-xeon4510-12c", "--model", "tiny-llama", "--device", "cpu", "--batches", "1",
          "3", "--rounds", "1", "--json", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT / "benchmarks")
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "worst ratio" in run.stdout
     report = json.loads(out.read_text())

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.serving import load as serve_load
 from tests.hw.checkpoints import make_checkpoint, tiny_scenario
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -24,7 +25,7 @@ def test_a_guidellm_sweep_drives_the_server_and_the_served_run_validates(tmp_pat
     scenario = tiny_scenario(tmp_path / "s.yaml", ck, ["dualpace"])
     out = tmp_path / "served"
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "serve_load.py"), str(scenario),
+        [sys.executable, "-m", "benchmarks.serving.load", str(scenario),
          "--checkpoint", str(ck), "--out", str(out), "--rates", "2", "4", "--requests", "3",
          "--prompt-tokens", "16", "--output-tokens", "8", "--device", "cpu", "--port",
          "18731", "--model-name", "tiny", "--guidellm", str(GUIDELLM), "--timeout-s", "300"],
@@ -43,12 +44,6 @@ def test_a_guidellm_sweep_drives_the_server_and_the_served_run_validates(tmp_pat
 def test_the_load_tool_and_the_server_get_disjoint_cores():
     """The client takes the machine's last cores, the CPU engine its first, and the server's
     own threads keep at least one between them; a split that leaves none is refused."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("serve_load", ROOT / "benchmarks" /
-                                                  "serve_load.py")
-    serve_load = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(serve_load)
     box = set(range(16))
     server, client = serve_load.split_cores(box, 13, 1)
     assert client == {15} and server == set(range(15))
