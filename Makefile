@@ -33,7 +33,7 @@ demo: $(BIN)/dualpace-sim
 	$(BIN)/dualpace-sim run scenarios/quickstart.yaml --out $(OUT)
 
 test: $(VENV)/.hw $(LOAD_VENV)/bin/guidellm docs
-	$(BIN)/ruff check dualpace_sim dualpace_hw tests benchmarks docs/gen docs/validation/analysis
+	$(BIN)/ruff check dualpace_sim dualpace_hw tests benchmarks docs/gen
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 

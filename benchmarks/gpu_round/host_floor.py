@@ -15,7 +15,7 @@ profiler and the runtime run it, in one process, and prints the time per layer o
   beside the runtime's CPU engine process, alive and idle on its cores, on the cores left.
 
 A round's per-layer time is the round less the model's pre-layer, post-layer and overhead,
-over the layers (as `docs/validation/analysis/small_prefill_floors.py` reads the journals).
+over the layers (as `dualpace_sim/validation/analysis/small_prefill_floors.py` reads the journals).
 
     python -m benchmarks.gpu_round.host_floor --profile calibration/h200-spr16/llama-3.1-8b.yaml \\
         --cpu-cores 14

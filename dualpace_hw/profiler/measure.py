@@ -337,7 +337,7 @@ class Measurer:
         GPU the stage replays the chunked rounds' layer graphs around eager attention;
         eagerly elsewhere. Measured eagerly on the H200 box it was 0.54 ms a layer, and
         served chunked rounds with the CPU engine idle came out 13 ms under that floor's
-        price (session 15, docs/validation/analysis/prefill_excess.py)."""
+        price (session 15, dualpace_sim/validation/analysis/prefill_excess.py)."""
         return self._eager_layer_of(chunk=True, runtime=True)
 
     def eager_prefill_layer(self) -> float:

@@ -10,7 +10,7 @@ a what-if profile with q = wait + host part, o = host part and g scaled to the s
 before session 9 did not record each assist), written to --write-profile for
 `dualpace-sim validate --costs`.
 
-    DUALPACE_AZURE_DIR=... python docs/validation/analysis/assist_costs.py \\
+    DUALPACE_AZURE_DIR=... python -m dualpace_sim.validation.analysis.assist_costs \\
         --scenario scenarios/h200/cpu-busy/llama-3.1-8b-r3.yaml \\
         --real docs/validation/cpu-busy/r3/real --write-profile /tmp/served-assists.yaml
 """
@@ -22,10 +22,9 @@ import json
 import statistics
 from pathlib import Path
 
-from rounds import cpu_steps
-
 from dualpace_sim.costs import CostModel, load_profile
 from dualpace_sim.costs.profile import PerAssistPath
+from dualpace_sim.validation.analysis.rounds import cpu_steps
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ is work or slowness of the CPU engine that the profile's stage tables do not hol
 recorded their steps' phases (`cpu-steps-dualpace.csv`, since session 16) get a second table:
 pre-attention and attention as served against their tables, and the rest of the CPU's work.
 
-    DUALPACE_AZURE_DIR=... python docs/validation/analysis/cpu_step_parts.py \\
+    DUALPACE_AZURE_DIR=... python -m dualpace_sim.validation.analysis.cpu_step_parts \\
         --scenario scenarios/h200/cpu-busy/llama-3.1-8b-sustained-r5.yaml \\
         --real docs/validation/cpu-busy/session16/sustained-r5/real \\
         --costs calibration/h200-spr16/llama-3.1-8b.yaml
@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from rounds import FusedAssistStep, cpu_step_parts
+from dualpace_sim.validation.analysis.rounds import FusedAssistStep, cpu_step_parts
 
 BATCHES = ((1, 15), (16, 63), (64, 127), (128, 179), (180, 1 << 30))
 

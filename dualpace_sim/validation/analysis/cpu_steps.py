@@ -3,7 +3,7 @@ size: steps, and the median and range of real / model. The model's step has the 
 their profiled cost and no waits for the GPU engine's stage boundaries, so a ratio above 1 is
 the CPU engine's own work, the assist handshake and those waits together.
 
-    DUALPACE_AZURE_DIR=... python docs/validation/analysis/cpu_steps.py 8 12
+    DUALPACE_AZURE_DIR=... python -m dualpace_sim.validation.analysis.cpu_steps 8 12
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import sys
 
-from rounds import cpu_steps, h200_run
+from dualpace_sim.validation.analysis.rounds import cpu_steps, h200_run
 
 BUCKETS = ((1, 3), (4, 15), (16, 63), (64, 1 << 30))
 

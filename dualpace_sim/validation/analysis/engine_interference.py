@@ -1,7 +1,7 @@
 """What a busy CPU engine costs DualPace's GPU engine in serving, beyond the Dense Assists it
 serves: the real GPU rounds against the cost model, with and without a CPU step in flight.
 
-    DUALPACE_AZURE_DIR=... python docs/validation/analysis/engine_interference.py \
+    DUALPACE_AZURE_DIR=... python -m dualpace_sim.validation.analysis.engine_interference \
         --scenario scenarios/h200/cpu-busy/llama-3.1-8b-r3.yaml \
         --real docs/validation/cpu-busy/r3/real
 
@@ -19,7 +19,7 @@ import json
 import statistics
 from pathlib import Path
 
-from rounds import gpu_rounds, run_arguments, selected_runs
+from dualpace_sim.validation.analysis.rounds import gpu_rounds, run_arguments, selected_runs
 
 
 def main() -> None:

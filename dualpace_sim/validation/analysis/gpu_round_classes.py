@@ -3,8 +3,8 @@ prefill (eager) of fewer than 256, 256 to 1,023 and at least 1,024 tokens. For e
 policy: rounds, real and modelled totals, and the median of real / model. DualPace's two larger
 prefill classes are shown again split by whether the round holds a Prefill-to-CPU chunk.
 
-    DUALPACE_AZURE_DIR=... python docs/validation/analysis/gpu_round_classes.py 4 8 12
-    DUALPACE_AZURE_DIR=... python docs/validation/analysis/gpu_round_classes.py \
+    DUALPACE_AZURE_DIR=... python -m dualpace_sim.validation.analysis.gpu_round_classes 4 8 12
+    DUALPACE_AZURE_DIR=... python -m dualpace_sim.validation.analysis.gpu_round_classes \
         --scenario scenarios/h200x2/validation/qwen3-14b-r4.yaml \
         --real docs/validation/h200x2/r4/real \
         --costs calibration/h200x2-xeon32/qwen3-14b.yaml
@@ -18,9 +18,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from rounds import gpu_rounds, run_arguments, selected_runs
-
 from dualpace_sim.results.served_rounds import ServedRound
+from dualpace_sim.validation.analysis.rounds import gpu_rounds, run_arguments, selected_runs
 
 CLASSES = ("decode only", "prefill, < 256 tokens", "prefill, 256-1,023", "prefill, >= 1,024")
 

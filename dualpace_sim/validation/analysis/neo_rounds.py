@@ -5,7 +5,7 @@ iteration less the model's fixed part and swaps, over the layers). `predicted` i
 NEO decides with (its tables alone); `model` is what the simulator charges: the same with the
 host's floor for issuing each sub-batch's layer eagerly (`dualpace_sim.sim.neo`).
 
-    DUALPACE_AZURE_DIR=... python docs/validation/analysis/neo_rounds.py \\
+    DUALPACE_AZURE_DIR=... python -m dualpace_sim.validation.analysis.neo_rounds \\
         --scenario scenarios/h200/cpu-busy/llama-3.1-8b-r3.yaml \\
         --real docs/validation/cpu-busy/r3/real [--costs PROFILE]
 
@@ -17,7 +17,12 @@ from __future__ import annotations
 
 import statistics
 
-from rounds import NeoRound, neo_rounds, run_arguments, selected_runs
+from dualpace_sim.validation.analysis.rounds import (
+    NeoRound,
+    neo_rounds,
+    run_arguments,
+    selected_runs,
+)
 
 
 def round_class(r: NeoRound) -> str:

@@ -9,7 +9,7 @@ rounds binned by expected assists, and a least-squares fit excess = a + b x assi
 round holds a Prefill-to-CPU chunk], for prefill rounds (eager) and decode rounds (graphs)
 apart.
 
-    DUALPACE_AZURE_DIR=... python docs/validation/analysis/prefill_excess.py \\
+    DUALPACE_AZURE_DIR=... python -m dualpace_sim.validation.analysis.prefill_excess \\
         --scenario scenarios/h200/cpu-busy/llama-3.1-8b-sustained-r5.yaml \\
         --real docs/validation/cpu-busy/sustained-r5/real \\
         --costs calibration/h200-spr16/llama-3.1-8b.yaml
@@ -21,9 +21,9 @@ import bisect
 import statistics
 
 import numpy as np
-from rounds import CpuStep, cpu_steps, gpu_rounds, run_arguments
 
 from dualpace_sim.core.routing import Route
+from dualpace_sim.validation.analysis.rounds import CpuStep, cpu_steps, gpu_rounds, run_arguments
 
 BINS = ((0, 0.5), (0.5, 2), (2, 5), (5, 10), (10, float("inf")))
 

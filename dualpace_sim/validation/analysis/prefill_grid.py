@@ -2,7 +2,7 @@
 dense one: interpolate the old grid's subset of `gpu.prefill_attn` at every dense-grid point
 it lacks, as the cost model does, and print the error against the measured value.
 
-    python docs/validation/analysis/prefill_grid.py calibration/h200x2-xeon32/qwen3-14b.yaml
+    python -m dualpace_sim.validation.analysis.prefill_grid calibration/h200x2-xeon32/qwen3-14b.yaml
 """
 
 from __future__ import annotations

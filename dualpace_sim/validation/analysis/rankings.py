@@ -1,7 +1,8 @@
 """Issue 19's targets on a validation set: each `validate` table's errors against the targets,
 and whether the simulator names the same winner between DualPace and vLLM as the box did.
 
-    python docs/validation/analysis/rankings.py docs/validation/cpu-busy/r{2,3,4}/validation.csv
+    python -m dualpace_sim.validation.analysis.rankings \\
+        docs/validation/cpu-busy/r{2,3,4}/validation.csv
 
 A metric's winner is compared where the two real runs differ by more than 10 % (below that the
 box does not tell them apart). Lower is better for every metric here except throughput.

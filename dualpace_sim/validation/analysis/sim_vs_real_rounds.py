@@ -5,7 +5,7 @@ batch size. "Simulated" is the simulator's round (its `--trace-events` slices, D
 included) with the `--costs` profile; "model" is `served_rounds`' price of the real plan with
 the same profile, assists left out.
 
-    DUALPACE_AZURE_DIR=... python docs/validation/analysis/sim_vs_real_rounds.py \\
+    DUALPACE_AZURE_DIR=... python -m dualpace_sim.validation.analysis.sim_vs_real_rounds \\
         --scenario scenarios/h200/cpu-busy/llama-3.1-8b-w2-r3.yaml \\
         --real docs/validation/cpu-busy/w2-r3/real \\
         --costs calibration/h200-spr16/llama-3.1-8b.yaml
@@ -19,10 +19,9 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from rounds import cpu_steps, gpu_rounds, run_arguments
-
 from dualpace_sim.experiments.runner import run_scenario
 from dualpace_sim.results.trace_events import CPU_ENGINE, GPU_ENGINE
+from dualpace_sim.validation.analysis.rounds import cpu_steps, gpu_rounds, run_arguments
 
 CPU_BATCHES = ((1, 15), (16, 63), (64, 127), (128, 159), (160, 179), (180, 1 << 30))
 

@@ -3,8 +3,8 @@ the host issuing each layer's kernels), by policy and by whether a CPU step was 
 the round was scheduled. Read from the runtime's journals, each round's time less the cost
 model's pre-layer, post-layer and overhead; the first three rounds are left out.
 
-    DUALPACE_AZURE_DIR=... python docs/validation/analysis/small_prefill_floors.py 4 8 12
-    DUALPACE_AZURE_DIR=... python docs/validation/analysis/small_prefill_floors.py \
+    DUALPACE_AZURE_DIR=... python -m dualpace_sim.validation.analysis.small_prefill_floors 4 8 12
+    DUALPACE_AZURE_DIR=... python -m dualpace_sim.validation.analysis.small_prefill_floors \
         --scenario scenarios/h200x2/validation/qwen3-14b-r4.yaml \
         --real docs/validation/h200x2/r4/real --costs calibration/h200x2-xeon32/qwen3-14b.yaml
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from rounds import gpu_rounds, run_arguments, selected_runs
+from dualpace_sim.validation.analysis.rounds import gpu_rounds, run_arguments, selected_runs
 
 
 def floors(scenario: str, real: str, policy: str, costs: str | None = None

@@ -221,16 +221,16 @@ def test_run_command_writes_what_the_simulator_writes(tmp_path):
 
 
 def test_a_runs_cpu_steps_split_into_their_assists_and_phases(tmp_path):
-    """docs/validation/analysis/cpu_step_parts.py on a real run: each Fused-Assist step's
+    """dualpace_sim/validation/analysis/cpu_step_parts.py on a real run: each Fused-Assist step's
     assists (from the assist records) and its phases (from the step records), by batch size,
     beside the model of the profile the run used."""
     out = tmp_path / "real"
     path = scenario(tmp_path, ["dualpace"], route_p=0, route_f=0)
     result = CliRunner().invoke(app, ["run", str(path), "--out", str(out), "--device", "cpu"])
     assert result.exit_code == 0, result.output
-    script = REPO_ROOT / "docs" / "validation" / "analysis" / "cpu_step_parts.py"
-    done = subprocess.run([sys.executable, str(script), "--scenario", str(path), "--real",
-                           str(out)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "dualpace_sim.validation.analysis.cpu_step_parts",
+                           "--scenario", str(path), "--real", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     rounds = json.loads((out / "summary.json").read_text())[0]["engine"]["cpu_rounds"]
     assert f"{rounds} Fused-Assist steps in {out}" in done.stdout
