@@ -20,7 +20,7 @@ $(VENV)/.hw: $(BIN)/dualpace-sim
 	$(BIN)/python -m pip install --quiet -e ".[dev,hw,serve,notebooks,docs,ray]"
 	touch $@
 
-# guidellm, the load tool benchmarks/serve_load.py drives `dualpace-hw serve` with, in a
+# guidellm, the load tool benchmarks/serving/load.py drives `dualpace-hw serve` with, in a
 # virtual environment of its own: it pins click and torch versions of its own.
 LOAD_VENV := .venv-load
 $(LOAD_VENV)/bin/guidellm:
@@ -33,7 +33,7 @@ demo: $(BIN)/dualpace-sim
 	$(BIN)/dualpace-sim run scenarios/quickstart.yaml --out $(OUT)
 
 test: $(VENV)/.hw $(LOAD_VENV)/bin/guidellm docs
-	$(BIN)/ruff check dualpace_sim dualpace_hw tests benchmarks docs/gen docs/validation/analysis
+	$(BIN)/ruff check dualpace_sim dualpace_hw tests benchmarks docs/gen
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 
@@ -43,7 +43,7 @@ docs: $(VENV)/.hw
 	$(BIN)/mkdocs build --strict
 
 bench: $(BIN)/dualpace-sim
-	$(BIN)/python benchmarks/sim_speed.py
+	$(BIN)/python -m benchmarks.sim_speed.run
 
 clean:
 	rm -rf $(VENV) $(LOAD_VENV) results site .pytest_cache .hypothesis

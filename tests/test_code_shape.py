@@ -1,4 +1,4 @@
-"""`benchmarks/code_shape.py`, the layout measurement of issue 20: it finds functions, their
+"""`benchmarks/layout/code_shape.py`, the layout measurement of issue 20: it finds functions, their
 lengths and repeated blocks correctly on hand-made modules, and no function in the core, the
 simulator's engines or the executors passes its limit."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.layout import code_shape
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import code_shape  # noqa: E402  (a script's functions, imported from its folder)
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def test_a_repeated_block_counts_once_however_long_it_runs(in_tmp_root):
 
 
 def test_no_function_in_the_short_parts_passes_the_limit():
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "code_shape.py")],
+    run = subprocess.run([sys.executable, "-m", "benchmarks.layout.code_shape"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
     last = run.stdout.strip().splitlines()[-1]

@@ -8,7 +8,7 @@ owns a contiguous range of the weight's column blocks, so a call reads the weigh
 once at any row count. Why not oneDNN through torch: plain `F.linear`
 repacks the weight on every call above 64 rows (20-40 GB/s, 2.6 TF/s at 128 rows on the H200
 box) and the prepacked inner product Inductor emits fell off a cliff above 64 rows
-(benchmarks/results/README.md).
+(benchmarks/results/kernels/README.md).
 
 Where the kernel cannot run (no C++ extension, a CPU with neither AMX-BF16 nor AVX512-BF16, a
 non-bf16 weight) `PackedDense` falls back to `F.linear` and logs why once.

@@ -183,11 +183,11 @@ def cpu_paged_decode_attention(
     path; raises if it is missing), "scalar" (the extension's scalar path), "torch" (batched
     PyTorch), "reference" (attention.paged_decode_attention, one request at a time).
     Tuning knobs (defaults: the best measured on the accelerator machine's Xeon, see
-    benchmarks/results/h200-spr16-cpu_kernels.md): prefetch_blocks: pages prefetched ahead, in
-    processing order (0: none); prefetch_mode: 0: the next page's rows into L1 as the current
-    page's rows are read; 1: the same into L2; 2: the whole next page into L2 up front; 3: the
-    same into L1; heads_per_unit: kv heads one work unit covers (0: all, so a unit walks whole
-    blocks; 1: one unit per (request, kv head)); pv_bf16: with bf16 caches, round the
+    benchmarks/results/kernels/h200-spr16-cpu_kernels.md): prefetch_blocks: pages prefetched
+    ahead, in processing order (0: none); prefetch_mode: 0: the next page's rows into L1 as the
+    current page's rows are read; 1: the same into L2; 2: the whole next page into L2 up front;
+    3: the same into L1; heads_per_unit: kv heads one work unit covers (0: all, so a unit walks
+    whole blocks; 1: one unit per (request, kv head)); pv_bf16: with bf16 caches, round the
     probabilities to bf16 for P.V (vdpbf16ps, as GPU flash attention rounds P before its second
     matmul; no faster on Sapphire Rapids), False keeps them fp32 (FMA).
     validate: check shapes and block ids here (ValueError) rather than in C++; a caller that

@@ -6,7 +6,7 @@ above its mmap threshold (128 KiB at start, adapted up to 32 MiB) with fresh map
 returns them, and heap tops above its trim threshold, to the kernel on free, so every such
 temporary is page-faulted in again, 4 KiB at a time: on this project's 2-core machine, RoPE on
 128 rows of Llama-3.1-8B's q and k took 5.2 ms that way (1,504 minor faults a call) against
-1.8 ms with freed memory kept (`benchmarks/cpu_temporaries.py --threads 2`), and the cost grows
+1.8 ms with freed memory kept (`benchmarks/cpu_step/temporaries.py --threads 2`), and the cost grows
 with the rows. With both thresholds
 raised once, freed blocks stay in the heap and the next step reuses them; the price is a heap
 that stays at its high-water mark, which a long-lived engine reaches in its first steps anyway.

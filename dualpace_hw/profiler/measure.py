@@ -84,7 +84,7 @@ def cpu_layer_ring(shape: ModelShape, cache_bytes: int, most: int = 16) -> int:
     fewer layers, a stage reads its weights from the cache, where a decode step streams 32
     different layers' from memory: on the H200 box (a ~300 MB cache; Llama-3.1-8B's QKV is 50 MB
     a layer) a ring sized on whole layers (3) let pre-attention at batch 1 cost half what the
-    CPU engine's step pays for it (benchmarks/results/h200-issue7, session 7)."""
+    CPU engine's step pays for it (benchmarks/results/cpu_step/README.md)."""
     qkv = shape.hidden_size * (shape.q_dim + 2 * shape.kv_dim) * shape.dtype_bytes
     return max(2, min(most, -(-cache_span(cache_bytes) // qkv) + 1))
 
@@ -337,7 +337,7 @@ class Measurer:
         GPU the stage replays the chunked rounds' layer graphs around eager attention;
         eagerly elsewhere. Measured eagerly on the H200 box it was 0.54 ms a layer, and
         served chunked rounds with the CPU engine idle came out 13 ms under that floor's
-        price (session 15, docs/validation/analysis/prefill_excess.py)."""
+        price (session 15, dualpace_sim/validation/analysis/prefill_excess.py)."""
         return self._eager_layer_of(chunk=True, runtime=True)
 
     def eager_prefill_layer(self) -> float:

@@ -5,7 +5,7 @@ assist buffers, post-attention, post-layer). In serving, the step runs beside th
 inside the runtime's worker loop; on the H200 box its own work ran 1.0-1.18x those tables in the
 session-16 runs (docs/validation/README.md). One row per step, with the executor's clock split
 by phase, says which stage runs slower than its table and by how much, for the plan the journal
-holds at the same position (`docs/validation/analysis/cpu_step_parts.py`). Pure Python: the
+holds at the same position (`dualpace_sim/validation/analysis/cpu_step_parts.py`). Pure Python: the
 runtime writes, the analyses read.
 """
 
