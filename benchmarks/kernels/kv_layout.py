@@ -1,0 +1,197 @@
+"""Does the host KV pool's layout cost CPU decode attention? The profiler's pool against the
+runtime's.
+
+The profiler times CPU decode attention on a one-layer pool of its own (plain process memory),
+each request's blocks contiguous (`dualpace_hw/profiler/measure.py`). The runtime's CPU engine
+reads a pool of every layer in a shared memfd arena (4 KiB pages where the kernel gives shared
+memory no transparent huge pages), with block ids as the allocator hands them out: scattered
+once the pool has churned. In served runs on the H200 box the attention phase ran 1.2x its
+table from 48 rows up (`docs/validation/README.md`, session 19). This times one step's
+attention (the same block table over every layer) per layer, in one process, for:
+
+* `private_contiguous`: the profiler's layout (a two-layer private pool, contiguous ids);
+* `shared_contiguous`: the runtime's arena, contiguous ids;
+* `shared_scattered`: the runtime's arena, ids a random permutation of the pool;
+* `shared_scattered_varlen`: the same with request lengths drawn uniformly around the mean;
+* `shared_scattered_beside_dma` (CUDA only): the same while a copy loop keeps the PCIe link
+  busy both ways, as swaps and Prefill-to-CPU copies do at their peak;
+* `huge_scattered` / `huge_contiguous`: private memory advised for transparent huge pages,
+  the size of the runtime's pool (what a huge-page host pool would give).
+
+    python -m benchmarks.kernels.kv_layout --cpu-cores 14 --out kv_layout.json
+    python -m benchmarks.kernels.kv_layout --model tiny-llama --blocks 256 --batches 2 4 \\
+        --context 64 --cpu-cores 1 --out /tmp/kv_layout.json        # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+
+from dualpace_hw.kernels.cpu_attention import (
+    cpu_paged_decode_attention,
+    hugepage_empty,
+    pin_threads,
+)
+from dualpace_hw.memory.kv import PagedKVPool
+from dualpace_hw.memory.shm import SharedArena
+from dualpace_sim.costs.shapes import ModelShape
+
+BLOCK = 16
+
+
+def block_tables(lengths: Sequence[int], ids: torch.Tensor) -> torch.Tensor:
+    """Each request's blocks taken in turn from `ids` (so distinct across the batch)."""
+    need = [-(-n // BLOCK) for n in lengths]
+    if sum(need) > ids.numel():
+        raise ValueError(f"--blocks: the batch needs {sum(need)} blocks, the pool holds "
+                         f"{ids.numel()}; give more --blocks or fewer --batches/--context")
+    tables = torch.zeros(len(lengths), max(need), dtype=torch.int32)
+    k = 0
+    for i, n in enumerate(need):
+        tables[i, :n] = ids[k:k + n]
+        k += n
+    return tables
+
+
+def per_layer_s(pool: PagedKVPool, layers: Iterable[int], lengths: Sequence[int],
+                ids: torch.Tensor, shape: ModelShape, repeats: int) -> float:
+    """Median time of one step's attention over `layers`, per layer."""
+    layers = list(layers)
+    tables = block_tables(lengths, ids)
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    q = torch.randn(len(lengths), shape.n_heads, shape.head_dim, dtype=torch.bfloat16)
+
+    def step() -> None:
+        for layer in layers:
+            k, v = pool.layer(layer)
+            cpu_paged_decode_attention(q, k, v, tables, lens)
+
+    step()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) / len(layers)
+
+
+def beside_dma(fn: Callable[[], float]) -> float:
+    """`fn()` while a copy loop keeps the PCIe link busy in both directions."""
+    host = torch.empty(1 << 30, dtype=torch.uint8).pin_memory()
+    dev = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    stop = threading.Event()
+
+    def copies() -> None:
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            while not stop.is_set():
+                dev.copy_(host, non_blocking=True)
+                host.copy_(dev, non_blocking=True)
+                stream.synchronize()
+
+    worker = threading.Thread(target=copies)
+    worker.start()
+    try:
+        time.sleep(0.5)
+        return fn()
+    finally:
+        stop.set()
+        worker.join()
+
+
+def measure(shape: ModelShape, blocks: int, batches: Sequence[int], context: int,
+            repeats: int, seed: int) -> dict[str, dict[str, float]]:
+    gen = torch.Generator().manual_seed(seed)
+    dims = PagedKVPool.dims(shape, blocks, BLOCK)
+    arena = SharedArena(SharedArena.bytes_for([(dims, torch.bfloat16)]), "kv-layout")
+    storage, _ = arena.empty(dims, torch.bfloat16)
+    storage.fill_(0.01)  # every page written, as served KV is before it is read
+    shared = PagedKVPool(shape, blocks, BLOCK, dtype=torch.bfloat16, storage=storage)
+    private = PagedKVPool(shape, blocks, BLOCK, "cpu", n_layers=2)
+    private.data.fill_(0.01)
+    contiguous = torch.arange(blocks, dtype=torch.int32)
+    every, pair = range(shape.n_layers), [0, 1] * (shape.n_layers // 2 or 1)
+    out: dict[str, dict[str, float]] = {}
+    for b in batches:
+        uniform = [context] * b
+        varlen = torch.randint(max(1, context // 5), 2 * context - context // 5 + 1, (b,),
+                               generator=gen).tolist()
+        scattered = torch.randperm(blocks, generator=gen).to(torch.int32)
+        row = {
+            "private_contiguous": per_layer_s(private, pair, uniform, contiguous, shape, repeats),
+            "shared_contiguous": per_layer_s(shared, every, uniform, contiguous, shape, repeats),
+            "shared_scattered": per_layer_s(shared, every, uniform, scattered, shape, repeats),
+            "shared_scattered_varlen": per_layer_s(shared, every, varlen, scattered, shape,
+                                                   repeats),
+        }
+        if torch.cuda.is_available():
+            row["shared_scattered_beside_dma"] = beside_dma(functools.partial(
+                per_layer_s, shared, every, uniform, scattered, shape, repeats))
+        out[str(b)] = row
+        print(b, {k: round(v * 1e3, 3) for k, v in row.items()}, flush=True)
+    del shared, storage, private
+    arena.close()
+    huge = PagedKVPool(shape, blocks, BLOCK, dtype=torch.bfloat16,
+                       storage=hugepage_empty(dims, torch.bfloat16).fill_(0.01))
+    for b in batches:
+        scattered = torch.randperm(blocks, generator=gen).to(torch.int32)
+        out[str(b)]["huge_scattered"] = per_layer_s(huge, every, [context] * b, scattered,
+                                                    shape, repeats)
+        out[str(b)]["huge_contiguous"] = per_layer_s(huge, every, [context] * b, contiguous,
+                                                     shape, repeats)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--blocks", type=int, default=16384, help="the pool's blocks (the runtime's "
+                    "host_kv_blocks; the CPU-busy scenarios use 16,384)")
+    ap.add_argument("--batches", type=int, nargs="+", default=[16, 64, 128])
+    ap.add_argument("--context", type=int, default=1100, help="mean tokens per request")
+    ap.add_argument("--cpu-cores", type=int, default=os.cpu_count(), help="the first N cores")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True, help="JSON")
+    args = ap.parse_args(argv)
+    cores = list(range(args.cpu_cores))
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(len(cores))
+    pin_threads(cores)
+    shape = ModelShape.from_name(args.model)
+    try:
+        per_layer = measure(shape, args.blocks, args.batches, args.context, args.repeats,
+                            args.seed)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    kv_per_token = shape.n_kv_heads * shape.head_dim * 2 * 2
+    ratios = {b: {k: v / row["private_contiguous"] for k, v in row.items()}
+              for b, row in per_layer.items()}
+    report = {"command": "python -m benchmarks.kernels.kv_layout " + " ".join(
+        sys.argv[1:] if argv is None else argv),
+              "model": args.model, "blocks": args.blocks, "context": args.context,
+              "cpu_cores": args.cpu_cores, "per_layer_s": per_layer,
+              "over_private_contiguous": ratios,
+              "kv_bytes_per_layer": {b: int(b) * args.context * kv_per_token for b in per_layer}}
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    for b, row in ratios.items():
+        print(f"batch {b}: shared_scattered / private_contiguous = "
+              f"{row['shared_scattered']:.2f}, huge_scattered / private_contiguous = "
+              f"{row['huge_scattered']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
