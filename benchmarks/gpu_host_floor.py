@@ -40,8 +40,9 @@ from dualpace_hw.memory.kv import PagedKVPool
 from dualpace_hw.memory.migrate import CopyGroup
 from dualpace_hw.memory.tokens import TokenStore
 from dualpace_hw.profiler.measure import small_mixed_plan
+from dualpace_hw.runtime.assist_server import AssistServer
 from dualpace_hw.runtime.cpu_worker import CpuEngineProcess
-from dualpace_hw.runtime.engines import AssistServer, Engines
+from dualpace_hw.runtime.engines import Engines
 from dualpace_hw.runtime.processes import on_cores
 from dualpace_sim.costs import CostModel
 

@@ -330,7 +330,8 @@ def serve_real(loaded: LoadedScenario, checkpoint_path: Path, out: Path, policy:
     svc = EngineService(runtime, checkpoint.tokenizer, checkpoint.eos_ids,
                         min(config.gpu_kv_blocks, 256), max_context)
     name = model_name or checkpoint.path.name
-    engine = f" (CPU engine process {runtime.cpu_engine.pid})" if policy == "dualpace" else ""
+    engines = runtime.describe_engines()
+    engine = f" ({engines})" if engines is not None else ""
     # The HTTP loop and the token pump keep off the CPU engine's cores, as the GPU engine's
     # thread does: a thread on one of them stalls the engine's OpenMP team at every step.
     with on_cores(cores_off(engine_cores(cpu_cores))):

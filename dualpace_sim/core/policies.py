@@ -20,6 +20,7 @@ from .cpu_round import CpuScheduler
 from .gpu_round import GpuScheduler
 from .journal import Journal
 from .neo import NeoConfig, NeoPredictor, NeoScheduler
+from .request import Request
 from .rounds import CpuDriver, Driver, GpuDriver, NeoDriver, VllmDriver
 from .servable import dualpace_refusal, neo_pool_refusal, neo_refusal, vllm_refusal
 from .state import EngineState
@@ -35,11 +36,11 @@ class Schedulers:
     state: EngineState | VllmScheduler | NeoScheduler  # arrivals enter it; it holds the finished
     drivers: dict[str, Driver]  # by the engine's name in the journal: "gpu", "cpu"
 
-    def submit(self, r) -> None:
+    def submit(self, r: Request) -> None:
         self.state.submit(r)
 
     @property
-    def finished(self) -> list:
+    def finished(self) -> list[Request]:
         return self.state.finished
 
 

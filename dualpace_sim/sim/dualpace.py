@@ -91,7 +91,7 @@ class DualPaceNode(Node):
 
     def _migrate(self, rnd: Round):
         env = self.env
-        land = self._book_swaps(rnd.plan)
+        land = self._book_swaps(rnd)
         if land > env.now:
             self.assists.gpu_moves_on()
             yield env.timeout(land - env.now)

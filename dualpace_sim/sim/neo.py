@@ -14,6 +14,7 @@ from dualpace_sim.results.trace_events import CPU_ENGINE, GPU_ENGINE, TraceRecor
 
 from ..core.neo import NeoConfig, NeoHostFull, NeoPlan, NeoPredictor, layer_time
 from ..core.policies import neo_schedulers
+from ..core.rounds import Round
 from ..costs import CostModel
 from ..costs.neo_tables import NeoTables
 from .node import Node, SimulationStalled, ids
@@ -69,7 +70,7 @@ class NeoNode(Node):
                 continue
             self.stats.gpu_rounds += 1
             if rnd.moves.any:
-                yield from self._swap(rnd.plan)
+                yield from self._swap(rnd)
             if not rnd.forward:  # swaps only: nothing on the GPU after them
                 continue
             yield from self._iterate(rnd.plan)
@@ -77,9 +78,9 @@ class NeoNode(Node):
             self._sample()
             self._note_finished()
 
-    def _swap(self, plan: NeoPlan):
+    def _swap(self, rnd: Round):
         """Swaps are copied for all layers before the forward and serialize into it."""
-        land = self._book_swaps(plan)
+        land = self._book_swaps(rnd)
         if land > self.env.now:
             yield self.env.timeout(land - self.env.now)
 

@@ -16,8 +16,8 @@ from dualpace_sim.results.node_series import Busy, Intervals, NodeSeries, StateL
 from dualpace_sim.results.trace_events import GPU_ENGINE, PCIE_D2H, PCIE_H2D, TraceRecorder
 
 from ..core import GpuPlan, Request
-from ..core.neo import NeoPlan
 from ..core.policies import Schedulers
+from ..core.rounds import Round
 from ..costs import CostModel
 from .gpu import GpuDevice
 from .links import Link
@@ -225,14 +225,15 @@ class Node:
         if self.trace is not None:
             self._trace_forward(plan, start, **trace_args)
 
-    def _book_swaps(self, plan: GpuPlan | NeoPlan) -> float:
-        """Book a round's swap transfers, both issued now (the link is full duplex); returns
-        when the last one lands."""
+    def _book_swaps(self, rnd: Round) -> float:
+        """Book a round's swap transfers (its block moves), both issued now (the link is full
+        duplex); returns when the last one lands."""
         now, block_bytes, trace = self.env.now, self.cost.kv_block_bytes, self.trace
+        plan, moves = rnd.plan, rnd.moves
         land = now
         for reqs, blocks, channel, track, name in (
-            (plan.swap_outs, plan.swap_out_blocks, self.link.d2h, PCIE_D2H, "swap-out"),
-            (plan.swap_ins, plan.swap_in_blocks, self.link.h2d, PCIE_H2D, "swap-in"),
+            (plan.swap_outs, len(moves.swap_out[0]), self.link.d2h, PCIE_D2H, "swap-out"),
+            (plan.swap_ins, len(moves.swap_in[0]), self.link.h2d, PCIE_H2D, "swap-in"),
         ):
             if not reqs:
                 continue
