@@ -38,8 +38,9 @@ from dualpace_hw.executors.gpu_executor import GpuExecutor
 from dualpace_hw.executors.model import Model, ModelWeights
 from dualpace_hw.memory.kv import PagedKVPool
 from dualpace_hw.memory.tokens import TokenStore
+from dualpace_hw.runtime.assist_server import AssistServer
 from dualpace_hw.runtime.cpu_worker import CpuEngineProcess
-from dualpace_hw.runtime.engines import AssistServer, Engines
+from dualpace_hw.runtime.engines import Engines
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs import CostModel
 from dualpace_sim.costs.fit import route_cost

@@ -42,8 +42,9 @@ from dualpace_hw.memory.tokens import TokenStore
 from dualpace_hw.profiler.grids import Grids
 from dualpace_hw.profiler.measure import Measurer, small_mixed_plan
 from dualpace_hw.profiler.timing import Protocol, Timer
+from dualpace_hw.runtime.assist_server import AssistServer
 from dualpace_hw.runtime.cpu_worker import CpuEngineProcess
-from dualpace_hw.runtime.engines import AssistServer, Engines
+from dualpace_hw.runtime.engines import Engines
 from dualpace_hw.runtime.processes import on_cores
 from dualpace_sim.costs import CostModel
 

@@ -38,8 +38,9 @@ from dualpace_hw.executors.model import Model, ModelWeights
 from dualpace_hw.executors.packed import pack_model
 from dualpace_hw.memory.kv import PagedKVPool
 from dualpace_hw.memory.tokens import TokenStore
+from dualpace_hw.runtime.assist_server import AssistServer, run_forward
 from dualpace_hw.runtime.cpu_worker import CpuEngineProcess
-from dualpace_hw.runtime.engines import AssistServer, Engines, run_forward
+from dualpace_hw.runtime.engines import Engines
 from dualpace_hw.runtime.processes import cores_off
 from dualpace_sim.core import GpuPlan, PrefillChunk, Request
 from dualpace_sim.core.routing import Route

@@ -56,8 +56,7 @@ def one_point(policy: str, rate: float, n: int) -> dict:
         path.write_text(yaml.safe_dump(doc))
         loaded = load_scenario(path)
         rss_loaded = peak_rss_mib()
-        node = make_node(loaded.requests, loaded.cost, loaded.policy_config(policy),
-                         loaded.neo_launch_s)
+        node = make_node(policy, loaded.requests, loaded.cost, loaded.policy_config(policy))
         start, cpu_start = time.perf_counter(), time.process_time()
         out = node.run()
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start

@@ -81,7 +81,8 @@ def measure_handshake(shape: ModelShape, ex: GpuExecutor, batches: Sequence[int]
 
     `ex` serves layer 0 (the profile's one decoder layer). The client runs on `client_cores`
     (the CPU engine's), this thread on `server_cores` while it serves."""
-    from dualpace_hw.runtime.engines import AssistServer, Engines  # the runtime's own server
+    from dualpace_hw.runtime.assist_server import AssistServer  # the runtime's own server
+    from dualpace_hw.runtime.engines import Engines
 
     plan = tuple((kind, b) for kind in ASSIST_KINDS for b in batches)
     arena = SharedArena(SharedArena.bytes_for(

@@ -1,16 +1,12 @@
-"""The real dual-engine runtime: the core's schedulers driving the executors on a real box.
+"""What every real runtime shares: the harness its engine threads run in.
 
-Design: two processes. The main process holds the shared core state and three threads: the GPU
-engine, the CPU engine's scheduler, and the load generator. The GPU engine thread and the CPU
-engine thread each loop schedule -> commit -> execute -> apply with no iteration barrier; they
-take one lock only for the core's calls (microseconds), never while executing. The CPU engine's
-execution runs in its own process (`cpu_worker`), over the host KV pool in shared memory, so
-its per-layer Python never waits for the GIL behind the GPU engine's kernel launches. Dense
-Assist goes CPU-Ready -> GPU-Running -> GPU-Done through a control block in shared memory,
-which the GPU thread polls at stage boundaries only (and continuously when it is idle).
-
-Every core call is recorded, in lock order, in a `Journal`: `dualpace_sim.results.replay` replays it
-through fresh schedulers and must reproduce every plan.
+A runtime's engine threads each loop through their engine's driver (`dualpace_sim.core.rounds`)
+with no iteration barrier; they take one lock only for the core's calls (microseconds), never
+while executing. The harness holds that lock, the clock, the wake-ups, stopping and failure
+propagation, the load generator, the requests arriving from a server, and what a run leaves
+beside its records: the journal of every core call, in lock order (the drivers write it), which
+`dualpace_sim.results.replay` replays through fresh schedulers and must reproduce plan for plan;
+the state series and the engines' busy intervals; and the timeline's slices.
 """
 
 from __future__ import annotations
@@ -20,35 +16,18 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
-from dualpace_hw.executors.cpu_executor import CpuStep
-from dualpace_hw.executors.gpu_executor import Forward, GpuExecutor
-from dualpace_hw.executors.model import Model, ModelWeights
 from dualpace_hw.executors.sampling import Sampler, SamplingParams
-from dualpace_hw.memory.kv import PagedKVPool
 from dualpace_hw.memory.tokens import TokenStore
-from dualpace_hw.runtime.cpu_worker import AssistBlock, CpuEngineProcess, WorkerFailed
+from dualpace_hw.runtime.cpu_worker import WorkerFailed
 from dualpace_hw.runtime.gpu_ranks import LeadExecutor
-from dualpace_hw.runtime.processes import cores_off, on_cores
-from dualpace_sim.core import (
-    CpuResult,
-    CpuScheduler,
-    EngineState,
-    GpuResult,
-    GpuScheduler,
-    Request,
-    SchedulerConfig,
-    assist_reachable,
-)
-from dualpace_sim.core.journal import Journal, describe_cpu, describe_gpu
-from dualpace_sim.core.routing import Route
-from dualpace_sim.core.vllm import VllmConfig, VllmScheduler
-from dualpace_sim.costs.calibrate import AssistCall
-from dualpace_sim.costs.cpu_step_records import CpuStepRecord
-from dualpace_sim.costs.shapes import ModelShape
-from dualpace_sim.results.node_series import Busy, NodeSeries, StateLog, state_reader
+from dualpace_hw.runtime.processes import cores_off
+from dualpace_sim.core import Request
+from dualpace_sim.core.journal import Journal
+from dualpace_sim.results.node_series import Busy, NodeSeries, StateLog
 from dualpace_sim.results.trace_events import (
     CPU_ENGINE,
     DENSE_ASSIST,
@@ -59,145 +38,9 @@ from dualpace_sim.results.trace_events import (
 )
 
 
-class _StagePace:
-    """Bounds how far the GPU engine's host thread runs ahead of the GPU, stage by stage.
-
-    Kernel launches are asynchronous: left alone, the host enqueues a whole round and then
-    blocks until the GPU finishes it, and a Dense Assist published meanwhile waits for the
-    whole round. Recording an event per stage and waiting for the one before lets the host serve
-    assists at real stage boundaries while the GPU always has the next stage queued."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.events: list[torch.cuda.Event] = []
-
-    def stage_done(self) -> None:
-        if not self.cuda:
-            return
-        ev = torch.cuda.Event()
-        ev.record()
-        self.events.append(ev)
-        if len(self.events) >= 2:
-            self.events[-2].synchronize()
-
-    def drain(self, serve) -> None:
-        """Wait for the round's last stage, serving assists meanwhile."""
-        if not self.events:
-            return
-        last = self.events[-1]
-        while not last.query():
-            if not serve():
-                time.sleep(50e-6)
-
-
-@dataclass
-class GpuEngine:
-    """What the GPU engine's executor is built from: the full model's weights on the first
-    GPU and its HBM pool's size; with `tensor_parallel` > 1, rank 0 of that many GPU ranks."""
-
-    shape: ModelShape
-    weights: ModelWeights
-    gpu_blocks: int
-    block_size: int
-    dtype: torch.dtype
-    tensor_parallel: int = 1
-
-    def build(self, tokens: TokenStore, cpu_engine: CpuEngineProcess | None = None
-              ) -> GpuExecutor:
-        host_pool = cpu_engine.host_pool if cpu_engine is not None else None
-        if self.tensor_parallel == 1:
-            pool = PagedKVPool(self.shape, self.gpu_blocks, self.block_size,
-                               device=self.weights.embed.device, dtype=self.dtype)
-            return GpuExecutor(Model(self.shape, self.weights), pool, tokens, host_pool)
-        return LeadExecutor(self.shape, self.weights, self.tensor_parallel, self.gpu_blocks,
-                            self.block_size, tokens, self.dtype, host_pool,
-                            cpu_engine.share if cpu_engine is not None else None,
-                            cpu_engine.cores if cpu_engine is not None else None)
-
-
 class EngineFailure(RuntimeError):
     """An engine thread failed; the message names it and the others stopped."""
 
-
-_ASSIST_NAMES = {"p": "post-attention", "lA": "fused final", "lS": "post-layer"}
-
-
-class AssistServer:
-    """The GPU engine's side of Dense Assist: polls the shared control block at stage
-    boundaries; a CPU-Ready request becomes GPU-Running, runs, and is published GPU-Done."""
-
-    _METHODS = {"p": "assist_post_attn", "lA": "assist_fused_final", "lS": "assist_post_layer"}
-
-    def __init__(self, block: AssistBlock, engines: Engines) -> None:
-        self.block = block
-        self.engines = engines  # for the clock and the timeline trace
-        self.calls = 0
-        self.wait_s = 0.0  # CPU-Ready -> GPU-Running, summed: the stage-boundary wait
-        self.service_s = 0.0  # GPU-Running -> GPU-Done, summed
-        self.gpu_s = 0.0  # the assists' own GPU time (CUDA events), summed: the service less
-        # the GPU stage each one queued behind and the host's part
-        self.expecting = False  # the CPU engine is in a step that needs Dense Assist
-        self.records: list[AssistCall] = []  # one per call, for Appendix B's calibration
-
-    def serve(self, ex: GpuExecutor) -> bool:
-        """Run a ready request, if any; True when one was served."""
-        b = self.block
-        if not b.ready():
-            return False
-        start, t0 = time.perf_counter(), self.engines.now()
-        kind, layer, rows, waited = b.take()
-        began = _timing_event(ex)
-        # Results go straight into the shared buffers (one DMA on CUDA, no CPU copy).
-        if kind == "lS":
-            ex.assist_post_layer(b.residual[:rows], out=b.tokens[:rows])
-        else:
-            out = b.hidden[:rows] if kind == "p" else b.tokens[:rows]
-            getattr(ex, self._METHODS[kind])(layer, b.attn[:rows], b.residual[:rows], out=out)
-        cuda_s = 0.0
-        if began is not None:
-            ended = _timing_event(ex)
-            ended.synchronize()  # the assist synchronized already: this returns at once
-            cuda_s = began.elapsed_time(ended) / 1e3
-        b.done()
-        service = time.perf_counter() - start
-        self.calls += 1
-        self.wait_s += waited
-        self.service_s += service
-        self.gpu_s += cuda_s
-        # W: CPU-Ready -> GPU-Done; L + F: the service the CUDA interval does not cover
-        self.records.append(AssistCall(kind, rows, waited + service, cuda_s,
-                                       max(service - cuda_s, 0.0)))
-        self.engines.slice(DENSE_ASSIST, _ASSIST_NAMES[kind], t0, self.engines.now(), rows=rows,
-                           layer=layer, queued_us=round(waited * 1e6, 1))
-        return True
-
-
-def _timing_event(ex: GpuExecutor) -> torch.cuda.Event | None:
-    """A timing event recorded now on the stream the executor's assists run on (None off
-    CUDA)."""
-    if not ex.cuda:
-        return None
-    event = torch.cuda.Event(enable_timing=True)
-    event.record(ex.assist_stream)
-    return event
-
-
-def run_forward(ex: GpuExecutor, fw: Forward, channel: AssistServer, paced: bool
-                ) -> dict[int, int]:
-    """A round's forward as the GPU engine serves it; returns its tokens. With `paced` (the
-    CPU engine's steps may need Dense Assist), a ready assist goes first at every stage
-    boundary and, while the CPU engine is in such a step, the host stays at most one stage
-    ahead of the GPU, so an assist waits for one stage, not the whole round."""
-    pace = _StagePace(ex.device) if paced else None
-    for stage in fw:
-        stage()
-        if pace is not None:
-            if channel.expecting:
-                pace.stage_done()
-            channel.serve(ex)
-    if pace is not None:
-        pace.drain(lambda: channel.serve(ex))
-    return fw.result()
 
 
 @dataclass
@@ -270,12 +113,11 @@ class Engines:
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
-    def record(self, engine: str, call: str, **data) -> float:
-        """Journal a core call (the caller holds the lock, and makes the call after this);
-        returns the clock time to pass."""
+    def call_time(self) -> float:
+        """The clock time to pass to a core call about to be made (the caller holds the lock;
+        the call's driver journals it), noted for the state series."""
         t = self.now()
         self.note_call(t)
-        self.journal.record(t, engine, call, **data)
         return t
 
     def note_call(self, t: float) -> None:
@@ -329,7 +171,7 @@ class Engines:
                 return
             self.tokens.add(r.req_id, prompt_ids(r.req_id, r.prompt_tokens, self.vocab))
             with self.work:
-                self.record("load", "submit", req=r.req_id)
+                self.journal.record(self.call_time(), "load", "submit", req=r.req_id)
                 submit(r)
                 self.work.notify_all()
                 self.cpu_work.notify_all()
@@ -358,7 +200,7 @@ class Engines:
             if sampling is not None:
                 self.sampler.add(r.req_id, sampling)
             self.requests.append(r)
-            self.record("load", "submit", req=r.req_id)
+            self.journal.record(self.call_time(), "load", "submit", req=r.req_id)
             self._submit(r)
             self.work.notify_all()
             self.cpu_work.notify_all()
@@ -401,6 +243,14 @@ class Engines:
         if isinstance(self.gpu, LeadExecutor):
             return set(self.gpu.host_cores) if self.gpu.host_cores else None
         return cores_off(cpu_engine)
+
+    def describe_engines(self) -> str | None:
+        """Where the runtime's engines beside the GPU engine run, for the run's first lines
+        (None: none to tell)."""
+        return None
+
+    def write_extras(self, out: Path) -> None:
+        """The files a runtime leaves beside its journal: none, unless it has its own."""
 
     def close_gpu(self) -> None:
         if isinstance(self.gpu, LeadExecutor):
@@ -449,152 +299,8 @@ class Engines:
         return self.requests
 
 
-class DualPaceRuntime(Engines):
-    """GPU engine + CPU engine over the shared core state.
 
-    The runtime owns `cpu_engine` (the CPU engine's process and the shared host KV pool) from
-    here on: `serve` stops it and frees its memory however the run ends."""
-
-    def __init__(self, specs: Sequence, config: SchedulerConfig, gpu: GpuEngine,
-                 cpu_engine: CpuEngineProcess) -> None:
-        super().__init__(specs, config.block_size, gpu.shape.vocab_size)
-        self.state = EngineState(config)
-        self.states = StateLog(state_reader(self.state))
-        self.gpu_sched, self.cpu_sched = GpuScheduler(self.state), CpuScheduler(self.state)
-        self.round_tokens = config.gpu_batch_tokens
-        self.stage_mode = assist_reachable(config.largest_cpu_batch, config.route_f)
-        self.channel = AssistServer(cpu_engine.assist, self)
-        self.cpu_engine = cpu_engine
-        self.cpu_steps: list[CpuStepRecord] = []  # one per step, phase by phase
-        try:
-            self.gpu = gpu.build(self.tokens, cpu_engine)
-        except BaseException:
-            cpu_engine.close()
-            raise
-        self.gpu.sampler = cpu_engine.sampler = self.sampler
-
-    def serve(self) -> list[Request]:
-        cores = self.cpu_engine.cores
-        try:
-            with on_cores(self._own_cores(set(cores) if cores else None)):
-                return self.run({"GPU": self._gpu_loop, "CPU": self._cpu_loop},
-                                self.state.submit, lambda: self.state.finished)
-        finally:
-            ch = self.channel
-            self.stats.assist_calls, self.stats.assist_wait_s = ch.calls, ch.wait_s
-            self.stats.assist_service_s, self.stats.assist_gpu_s = ch.service_s, ch.gpu_s
-            self.cpu_engine.close()
-            self.close_gpu()
-
-    def queue_lengths(self) -> dict[str, int]:
-        """The core's queues (the caller holds the lock), for the server's /metrics."""
-        st = self.state
-        return {"gpu_waiting": len(st.gpu_waiting), "gpu_prefilling": len(st.gpu_prefilling),
-                "gpu_running": len(st.gpu_running), "cpu_waiting": len(st.cpu_waiting),
-                "cpu_running": len(st.cpu_running), "copy_group": len(st.copy_group)}
-
-    def pool_occupancy(self) -> dict[str, tuple[int, int]]:
-        """(used, capacity) blocks of each KV pool (the caller holds the lock)."""
-        st = self.state
-        return {"hbm": (st.hbm.used, st.hbm.capacity), "host": (st.host.used, st.host.capacity)}
-
-    def _idle_wait(self) -> None:
-        if self.channel.expecting:  # an assist may come any moment: poll the block a while
-            deadline = time.perf_counter() + 0.001
-            while self.channel.expecting and time.perf_counter() < deadline:
-                if self.channel.serve(self.gpu):
-                    return
-                time.sleep(20e-6)
-            return
-        with self.work:
-            if not self.stop.is_set():
-                self.work.wait(0.01)
-
-    def _gpu_loop(self) -> None:
-        st, sched, ex = self.state, self.gpu_sched, self.gpu
-        while not self.stop.is_set():
-            self.channel.serve(ex)
-            with self.lock:
-                plan = sched.schedule()
-                committed = not (plan.wait_for_copies or plan.is_empty)
-                self.record("gpu", "schedule", plan=describe_gpu(plan), committed=committed)
-                moves = sched.commit(plan) if committed else None
-            if plan.wait_for_copies:
-                waited_from = self.now()
-                while not ex.copies_done():
-                    self.channel.serve(ex)
-                    time.sleep(0.0002)
-                with self.work:
-                    done = self.record("gpu", "copies_done")
-                    st.complete_copy_group(done)
-                    self.cpu_work.notify_all()
-                self.slice(GPU_ENGINE, "wait for Prefill-to-CPU copies", waited_from, done)
-                continue
-            if plan.is_empty:
-                self._idle_wait()
-                continue
-            self.stats.gpu_rounds += 1
-            start, t0 = time.perf_counter(), self.now()
-            tokens: dict[int, int] = {}
-            if plan.has_forward:
-                tokens = run_forward(ex, ex.stages(plan, moves), self.channel, self.stage_mode)
-            elif plan.has_migrations:
-                ex.migrate(moves)
-            if ex.swap_handle is not None and plan.has_migrations:
-                ex.swap_handle.wait()
-            self.stats.gpu_busy_s += time.perf_counter() - start
-            _trace_gpu_round(self, plan, t0, self.now())
-            with self.work:
-                if plan.has_migrations:
-                    st.complete_migrations(plan.swap_outs, plan.swap_ins,
-                                           self.record("gpu", "migrations_done"))
-                if plan.has_forward:
-                    sched.apply(plan, GpuResult(self.record("gpu", "apply", tokens=tokens),
-                                                tokens))
-                    for req_id, tok in tokens.items():
-                        self.tokens.append(req_id, tok)
-                if plan.has_migrations or plan.marks or any(c.to_cpu for c in plan.prefills):
-                    self.cpu_work.notify_all()  # new CPU work, or marks to yield
-
-    def _cpu_loop(self) -> None:
-        sched, bs = self.cpu_sched, self.state.config.block_size
-        while not self.stop.is_set():
-            with self.work:
-                plan = sched.schedule()
-                self.record("cpu", "schedule", plan=describe_cpu(plan))
-                sched.commit(plan)
-                if plan.held_back or plan.admitted:
-                    self.work.notify_all()
-                if plan.is_empty:
-                    self.cpu_work.wait(0.1)
-                    continue
-                step = CpuStep.from_plan(plan, self.tokens, bs)
-            self.stats.cpu_rounds += 1
-            routes = self.stats.routes
-            routes[plan.route.value] = routes.get(plan.route.value, 0) + 1
-            self.channel.expecting = plan.route != Route.FULL_CPU
-            t0 = self.now()
-            try:
-                done = self.cpu_engine.step(step, self.stop.is_set)
-            finally:
-                self.channel.expecting = False
-            tokens, ph = done.tokens, done.phases
-            self.stats.cpu_busy_s += done.busy_s
-            self.stats.cpu_assist_s += done.assist_s
-            self.cpu_steps.append(CpuStepRecord(
-                plan.route.value, len(plan.batch), plan.context, done.busy_s, ph.setup_s,
-                ph.pre_layer_s, ph.pre_attn_s, ph.kv_write_s, ph.attention_s, ph.assists_s,
-                ph.post_s))
-            self.slice(CPU_ENGINE, plan.route.value, t0, self.now(), batch=len(plan.batch),
-                       context=plan.context, assist_ms=round(done.assist_s * 1e3, 3),
-                       requests=[r.req_id for r in plan.batch])
-            with self.work:
-                sched.apply(plan, CpuResult(self.record("cpu", "apply", tokens=tokens), tokens))
-                for req_id, tok in tokens.items():
-                    self.tokens.append(req_id, tok)
-                self.work.notify_all()
-
-def _trace_gpu_round(engines: Engines, plan, start_s: float, end_s: float) -> None:
+def trace_gpu_round(engines: Engines, plan, start_s: float, end_s: float) -> None:
     """A GPU round's slices (:meth:`Engines.slice`: busy intervals, and the trace when asked
     for): the forward (or migration-only round) on the GPU engine's track, and its swaps on
     the link's tracks (issue to completion, as the engine waited on them)."""
@@ -619,50 +325,3 @@ def trace_swaps(engines: Engines, plan, start_s: float, end_s: float) -> None:
                       requests=[r.req_id for r in plan.swap_ins])
 
 
-class VllmRuntime(Engines):
-    """vLLM's single GPU engine on the same executor."""
-
-    def __init__(self, specs: Sequence, config: VllmConfig, gpu: GpuEngine) -> None:
-        super().__init__(specs, config.block_size, gpu.shape.vocab_size)
-        self.sched = VllmScheduler(config)
-        self.round_tokens = config.max_num_batched_tokens
-        self.states = StateLog(state_reader(self.sched))
-        self.gpu = gpu.build(self.tokens)
-        self.gpu.sampler = self.sampler
-
-    def serve(self) -> list[Request]:
-        try:
-            with on_cores(self._own_cores(None)):
-                return self.run({"GPU": self._loop}, self.sched.submit,
-                                lambda: self.sched.finished)
-        finally:
-            self.close_gpu()
-
-    def queue_lengths(self) -> dict[str, int]:
-        """vLLM's queues (the caller holds the lock), for the server's /metrics."""
-        return {"waiting": len(self.sched.waiting), "running": len(self.sched.running)}
-
-    def pool_occupancy(self) -> dict[str, tuple[int, int]]:
-        """(used, capacity) blocks of its one KV pool (the caller holds the lock)."""
-        return {"hbm": (self.sched.hbm.used, self.sched.hbm.capacity)}
-
-    def _loop(self) -> None:
-        while not self.stop.is_set():
-            with self.work:
-                now = self.now()
-                self.note_call(now)
-                plan = self.sched.schedule(now)
-                self.journal.record(now, "gpu", "schedule", plan=describe_gpu(plan))
-                if not plan.has_forward:
-                    self.work.wait(0.01)
-                    continue
-            self.stats.gpu_rounds += 1
-            start, t0 = time.perf_counter(), self.now()
-            tokens = self.gpu.execute(plan)
-            self.stats.gpu_busy_s += time.perf_counter() - start
-            _trace_gpu_round(self, plan, t0, self.now())
-            with self.work:
-                self.sched.apply(plan, GpuResult(self.record("gpu", "apply", tokens=tokens),
-                                                 tokens))
-                for req_id, tok in tokens.items():
-                    self.tokens.append(req_id, tok)

@@ -1,13 +1,13 @@
 """NEO on the real runtime: the shared core's NEO scheduler driving the runtime's executors.
 
-One engine thread, as NEO has one engine loop (swiftllm/server/engine.py): schedule (the core's
-`NeoScheduler.schedule`, which commits too) -> swaps and the forward of its one or two
-sub-batches (`neo_executor.NeoExecutor`) -> apply, every request of the iteration getting one
-token. CPU-resident requests advance only inside GPU iterations, their attention run on a
-thread of this process (NEO's CPU attention is in its engine's process too), never in an
-independent CPU engine. The predictor it decides with is `NeoTables` over the scenario's
-profile, as in the simulator, so the journal replays through a fresh `NeoScheduler` to the
-same plans.
+One engine thread, as NEO has one engine loop (swiftllm/server/engine.py): schedule (its driver,
+`rounds.NeoDriver`: the core's `NeoScheduler.schedule`, which commits too) -> swaps and the
+forward of its one or two sub-batches (`neo_executor.NeoExecutor`) -> apply, every request of
+the iteration getting one token. CPU-resident requests advance only inside GPU iterations,
+their attention run on a thread of this process (NEO's CPU attention is in its engine's process
+too), never in an independent CPU engine. The predictor it decides with is `NeoTables` over
+the scenario's profile, as in the simulator, so the journal replays through a fresh
+`NeoScheduler` to the same plans.
 """
 
 from __future__ import annotations
@@ -20,10 +20,13 @@ from dualpace_hw.executors.gpu_executor import GpuExecutor
 from dualpace_hw.executors.model import Model
 from dualpace_hw.executors.neo_executor import IterationTimes, NeoExecutor
 from dualpace_hw.memory.kv import PagedKVPool
-from dualpace_hw.runtime.engines import Engines, GpuEngine, RunStats, trace_swaps
+from dualpace_hw.runtime.engines import Engines, RunStats, trace_swaps
+from dualpace_hw.runtime.gpu_engine import GpuEngine
 from dualpace_hw.runtime.processes import on_cores
-from dualpace_sim.core.journal import describe_neo
-from dualpace_sim.core.neo import NeoConfig, NeoPlan, NeoPredictor, NeoScheduler
+from dualpace_sim.core.neo import NeoConfig, NeoPlan, NeoPredictor
+from dualpace_sim.core.policies import neo_schedulers
+from dualpace_sim.costs import CostModel
+from dualpace_sim.costs.neo_tables import NeoTables
 from dualpace_sim.results.node_series import StateLog, state_reader
 from dualpace_sim.results.trace_events import CPU_ENGINE, GPU_ENGINE
 
@@ -52,7 +55,8 @@ class NeoRuntime(Engines):
             raise ValueError("--gpu-tp: the real NEO runs on one GPU (NEO's pipeline is "
                              "written for one); run it with --gpu-tp 1")
         super().__init__(specs, config.block_size, gpu.shape.vocab_size)
-        self.sched = NeoScheduler(config, predictor)
+        self.core = neo_schedulers(config, predictor, self.journal)
+        self.sched, self.driver = self.core.state, self.core.drivers["gpu"]
         self.states = StateLog(state_reader(self.sched))
         self.stats = NeoRunStats(launch_s=predictor.lnch_T)
         device = gpu.weights.embed.device
@@ -66,12 +70,19 @@ class NeoRuntime(Engines):
         self.neo = NeoExecutor(self.gpu, cores)
         self.cores = cores
 
+    @classmethod
+    def for_run(cls, specs: Sequence, config: NeoConfig, gpu: GpuEngine, cost: CostModel,
+                cores: list[int] | None, cpu_tp: int) -> NeoRuntime:
+        """The runtime deciding with NEO's tables over `cost` (as the simulator's NEO does),
+        its CPU attention on `cores` (`cpu_tp`: DualPace's CPU engine's only)."""
+        return cls(specs, config, NeoTables(cost, config.launch_s), gpu, cores)
+
     def serve(self):
         """Run the workload; the engine's own threads keep off the CPU attention's cores."""
         try:
             with on_cores(self._own_cores(set(self.cores) if self.cores else None)):
-                return self.run({"GPU": self._loop}, self.sched.submit,
-                                lambda: self.sched.finished)
+                return self.run({"GPU": self._loop}, self.core.submit,
+                                lambda: self.core.finished)
         finally:
             self.stats.cpu_busy_s = self.neo.cpu.busy_s
             self.stats.activations_to_host_bytes = self.neo.link.to_host_bytes
@@ -90,25 +101,22 @@ class NeoRuntime(Engines):
         return {"hbm": (s.hbm.used, s.hbm.capacity), "host": (s.host.used, s.host.capacity)}
 
     def _loop(self) -> None:
-        sched = self.sched
         while not self.stop.is_set():
             with self.work:
-                now = self.now()
-                self.note_call(now)
-                plan = sched.schedule(now)
-                self.journal.record(now, "gpu", "schedule", plan=describe_neo(plan))
-                if plan.is_empty:  # (the scenario's check refused what could stall here)
+                rnd = self.driver.begin(self.call_time())
+                if rnd.idle:  # (the scenario's check refused what could stall here)
                     self.work.wait(0.01)
                     continue
+            plan = rnd.plan
             start, t0 = time.perf_counter(), self.now()
             tokens, times = self.neo.iterate(plan)
             self.stats.gpu_busy_s += time.perf_counter() - start
             self._count(plan, times)
             self._trace(plan, times, t0, self.now())
-            if not plan.batches:
+            if not rnd.forward:
                 continue
             with self.work:
-                sched.apply(plan, self.record("gpu", "apply", tokens=tokens))
+                self.driver.end(rnd, self.call_time(), tokens)
                 for req_id, tok in tokens.items():
                     self.tokens.append(req_id, tok)
 

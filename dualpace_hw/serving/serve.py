@@ -17,15 +17,12 @@ import torch
 from dualpace_hw.executors.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from dualpace_hw.executors.model import ModelWeights
 from dualpace_hw.executors.tp import shard_shape
-from dualpace_hw.runtime.cpu_worker import CpuEngineProcess
-from dualpace_hw.runtime.engines import DualPaceRuntime, EngineFailure, GpuEngine, VllmRuntime
-from dualpace_hw.runtime.neo import NeoRuntime
+from dualpace_hw.runtime.engines import EngineFailure
+from dualpace_hw.runtime.gpu_engine import GpuEngine
 from dualpace_hw.runtime.processes import cores_off, engine_cores, on_cores
 from dualpace_sim.config.scenario import LoadedScenario
 from dualpace_sim.core.journal import JOURNAL_FILE
-from dualpace_sim.costs.calibrate import ASSISTS_FILE, write_assist_calls
-from dualpace_sim.costs.cpu_step_records import CPU_STEPS_FILE, write_cpu_steps
-from dualpace_sim.costs.neo_tables import NeoTables
+from dualpace_sim.core.policies import POLICIES, policy_named, resolve
 from dualpace_sim.costs.shapes import ModelShape
 from dualpace_sim.plots.figures import plot_timeline
 from dualpace_sim.results.node_series import (
@@ -41,7 +38,7 @@ from dualpace_sim.results.records import read_records, records_frame, write_reco
 from dualpace_sim.results.summary import policy_summary, stamp
 from dualpace_sim.results.trace_events import TraceRecorder, write_trace
 
-SERVED_POLICIES = ("dualpace", "vllm")  # behind `dualpace-hw serve`
+SERVED_POLICIES = tuple(p.name for p in POLICIES.values() if p.served)  # `dualpace-hw serve`
 
 
 @contextlib.contextmanager
@@ -85,16 +82,8 @@ def build_runtime(loaded: LoadedScenario, policy: str, device: str, cpu_cores: i
         weights = checkpoint.weights(device, dtype)
     specs = loaded.requests if specs is None else specs
     gpu = GpuEngine(shape, weights, config.gpu_kv_blocks, config.block_size, dtype, gpu_tp)
-    if policy == "vllm":
-        return VllmRuntime(specs, config, gpu)
-    cores = engine_cores(cpu_cores)
-    if policy == "neo":
-        return NeoRuntime(specs, config, NeoTables(loaded.cost, loaded.neo_launch_s), gpu,
-                          cores)
-    cpu_engine = CpuEngineProcess(weights, shape, config.host_kv_blocks, config.block_size,
-                                  max_rows=config.largest_cpu_batch, cores=cores, tp=cpu_tp,
-                                  dtype=dtype)
-    return DualPaceRuntime(specs, config, gpu, cpu_engine)
+    runtime = resolve(policy_named(policy).runtime)
+    return runtime.for_run(specs, config, gpu, loaded.cost, engine_cores(cpu_cores), cpu_tp)
 
 
 def open_checkpoint(path: Path, loaded: LoadedScenario) -> Checkpoint:
@@ -119,9 +108,7 @@ def record_policy(out: Path, loaded: LoadedScenario, policy: str, runtime, reque
     how it ran, e.g. device and tensor parallelism) and its series over time (also drawn on
     its timeline trace, when it has one)."""
     runtime.journal.write(out / JOURNAL_FILE.format(policy=policy))
-    if policy == "dualpace":  # each Dense Assist, for the Appendix B calibration
-        write_assist_calls(runtime.channel.records, out / ASSISTS_FILE.format(policy=policy))
-        write_cpu_steps(runtime.cpu_steps, out / CPU_STEPS_FILE.format(policy=policy))
+    runtime.write_extras(out)  # DualPace: each Dense Assist and each CPU step
     frame = records_frame(requests, policy)
     series = runtime.series()
     if runtime.trace is not None:
@@ -225,12 +212,9 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
     for policy in policies:
         runtime = build_runtime(loaded, policy, device, cpu_cores, cpu_tp=cpu_tp, gpu_tp=gpu_tp,
                                 checkpoint=checkpoint)
-        if policy == "dualpace":
-            engine = runtime.cpu_engine
-            ranks = f" ({engine.tp} tensor-parallel ranks: {engine.pids})" if engine.tp > 1 else ""
-            print(f"dualpace: CPU engine process {engine.pid} on "
-                  f"{'cores ' + str(list(engine.cores)) if engine.cores else 'all cores'}{ranks}",
-                  flush=True)
+        engines = runtime.describe_engines()
+        if engines is not None:
+            print(f"{policy}: {engines}", flush=True)
         if gpu_tp > 1:
             print(f"{policy}: GPU engine on {gpu_tp} tensor-parallel ranks (rank 0 here, ranks "
                   f"1.. in processes {runtime.gpu.peers.pids})", flush=True)
@@ -346,7 +330,8 @@ def serve_real(loaded: LoadedScenario, checkpoint_path: Path, out: Path, policy:
     svc = EngineService(runtime, checkpoint.tokenizer, checkpoint.eos_ids,
                         min(config.gpu_kv_blocks, 256), max_context)
     name = model_name or checkpoint.path.name
-    engine = f" (CPU engine process {runtime.cpu_engine.pid})" if policy == "dualpace" else ""
+    engines = runtime.describe_engines()
+    engine = f" ({engines})" if engines is not None else ""
     # The HTTP loop and the token pump keep off the CPU engine's cores, as the GPU engine's
     # thread does: a thread on one of them stalls the engine's OpenMP team at every step.
     with on_cores(cores_off(engine_cores(cpu_cores))):

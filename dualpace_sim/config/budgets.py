@@ -12,13 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from dualpace_sim.core import SchedulerConfig
+from dualpace_sim.core.policies import POLICIES
 
 # policy -> (its token budget's scenario key, its row budget's)
-BUDGET_KEYS = {
-    "dualpace": ("scheduler.gpu_token_limit", "scheduler.gpu_max_rows"),
-    "vllm": ("vllm.max_num_batched_tokens", "vllm.max_num_seqs"),
-    "neo": ("neo.max_tokens_in_batch", "neo.max_batch_size"),
-}
+BUDGET_KEYS = {name: p.budget_keys for name, p in POLICIES.items()}
 
 
 @dataclass(frozen=True)

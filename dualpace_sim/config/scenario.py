@@ -22,14 +22,14 @@ from dualpace_sim.config.budgets import GpuBudget, dualpace_budget, unequal_budg
 from dualpace_sim.config.overrides import merged
 from dualpace_sim.core import SchedulerConfig, check_thresholds
 from dualpace_sim.core.neo import NeoConfig
-from dualpace_sim.core.servable import dualpace_refusal, neo_pool_refusal, neo_refusal, vllm_refusal
+from dualpace_sim.core.policies import POLICIES, POLICY_NAMES, PolicyConfig
 from dualpace_sim.core.vllm import VllmConfig
 from dualpace_sim.costs import CostModel, ModelShape, Profile, load_profile, load_spec, synthesize
 from dualpace_sim.costs.fit import fit_controls
 from dualpace_sim.costs.profile import check_magnitudes
 from dualpace_sim.workload import RequestSpec, WorkloadConfig, build_requests, with_rate
 
-POLICIES = ("dualpace", "vllm", "neo")
+PolicyName = Literal[POLICY_NAMES]  # the registered policies (`core.policies`)
 
 CONTROLS = ("route_p", "route_f", "gpu_token_limit", "cpu_batch_limit")
 
@@ -185,7 +185,7 @@ class Scenario(BaseModel):
         "calibration profile (YAML or JSON), relative to this file"))
     roofline: RooflineSource | None = Field(None, description=(
         "synthesize the profile from a hardware spec and a model instead"))
-    policies: list[Literal["dualpace", "vllm", "neo"]] = Field(
+    policies: list[PolicyName] = Field(
         default_factory=lambda: ["dualpace"], min_length=1,
         description="the policies to simulate, each once, all on the same profile",
     )
@@ -195,7 +195,7 @@ class Scenario(BaseModel):
     vllm: VllmSection | None = Field(None, description=(
         "vLLM's batch limits; required when policies has vllm"))
     neo: NeoSection = Field(default_factory=NeoSection, description="NEO's limits")
-    shared_gpu_budget: Literal["dualpace", "vllm", "neo"] | None = Field(None, description=(
+    shared_gpu_budget: PolicyName | None = Field(None, description=(
         "give every policy this policy's GPU batch budget, so that a comparison differs in "
         "scheduling only: its tokens per GPU batch (DualPace: scheduler.gpu_token_limit as "
         "resolved, capped by gpu_hard_token_limit; vLLM: vllm.max_num_batched_tokens; NEO: "
@@ -245,7 +245,7 @@ class LoadedScenario:
     controls: dict[str, ControlChoice]
     requests: list[RequestSpec]
 
-    def policy_config(self, policy: str) -> SchedulerConfig | VllmConfig | NeoConfig:
+    def policy_config(self, policy: str) -> PolicyConfig:
         """The policy's configuration over the same KV pools and block size, with its GPU
         batch budget (its own, or the shared one)."""
         c = self.config
@@ -256,7 +256,7 @@ class LoadedScenario:
             return VllmConfig(c.gpu_kv_blocks, c.block_size, b.tokens, b.rows)
         n = self.spec.neo
         return NeoConfig(c.gpu_kv_blocks, c.host_kv_blocks, c.block_size, b.rows, b.tokens,
-                         n.itm_blocks, n.linr_s_threshold, n.swap_in_fraction)
+                         n.itm_blocks, n.linr_s_threshold, n.swap_in_fraction, self.neo_launch_s)
 
     def gpu_budget(self, policy: str) -> GpuBudget:
         """What one GPU batch of ``policy`` may carry as it runs: the shared budget when the
@@ -280,9 +280,10 @@ class LoadedScenario:
 
 def section_budget(spec: Scenario, policy: str) -> GpuBudget:
     """A baseline's own GPU batch budget, from its section of the scenario."""
-    if policy == "vllm":
-        return GpuBudget(spec.vllm.max_num_batched_tokens, spec.vllm.max_num_seqs)
-    return GpuBudget(spec.neo.max_tokens_in_batch, spec.neo.max_batch_size)
+    registered = POLICIES[policy]
+    section = getattr(spec, registered.section)
+    tokens, rows = registered.budget
+    return GpuBudget(getattr(section, tokens), getattr(section, rows))
 
 
 def _section_model(loc: tuple) -> type[BaseModel] | None:
@@ -495,16 +496,15 @@ def _check_fits(path: Path, requests: list[RequestSpec], loaded: LoadedScenario)
     """Refuse up front a request that some policy of the scenario could never finish, rather
     than letting that run stall (`dualpace_sim.core.servable`: DualPace's finish-peak must fit
     the host pool, vLLM's HBM, and NEO must stage its prompt and swap it back in)."""
-    checks = {"dualpace": dualpace_refusal, "vllm": vllm_refusal, "neo": neo_refusal}
-    policies = [(p, checks[p], loaded.policy_config(p)) for p in loaded.spec.policies]
+    policies = [(p, POLICIES[p], loaded.policy_config(p)) for p in loaded.spec.policies]
     shared = loaded.spec.shared_gpu_budget
-    if "neo" in loaded.spec.policies:  # pools that refuse every request: say so, not request 0
-        reason = neo_pool_refusal(loaded.policy_config("neo"))
+    for _, registered, config in policies:  # pools that refuse every request: say so first
+        reason = registered.pool_refusal and registered.pool_refusal(config)
         if reason is not None:
             raise ScenarioError(f"{path}: scheduler: {reason}")
     for i, r in enumerate(requests):
-        for policy, refusal, config in policies:
-            reason = refusal(config, r.prompt_tokens, r.max_tokens)
+        for policy, registered, config in policies:
+            reason = registered.refusal(config, r.prompt_tokens, r.max_tokens)
             if reason is not None:
                 if shared not in (None, policy):
                     reason += (f" ({policy}'s GPU batch budget is {shared}'s here, from "

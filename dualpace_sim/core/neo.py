@@ -40,6 +40,7 @@ class NeoConfig:
     itm_blocks: int | None = None  # staging pool for CPU-bound prefills; NEO: = GPU blocks
     linr_s_threshold: int = 128  # minimum sub-batch width when trimming prefills
     swap_in_fraction: float = 0.95
+    launch_s: float | None = None  # lnch_T its predictor decides with; None: the profile's
 
     def __post_init__(self) -> None:
         for name in ("gpu_kv_blocks", "host_kv_blocks", "block_size", "max_batch_size",

@@ -38,8 +38,8 @@ def simulate(
     # delay=1: the bar appears only for runs that take more than a second.
     with progress_bar(progress, total=n, desc=f"{loaded.spec.name}/{policy}", unit="req",
                       delay=1.0, leave=False) as bar:
-        node = make_node(loaded.requests, loaded.cost, loaded.policy_config(policy),
-                         loaded.neo_launch_s, on_finish=bar.update, trace=trace)
+        node = make_node(policy, loaded.requests, loaded.cost, loaded.policy_config(policy),
+                         on_finish=bar.update, trace=trace)
         output = node.run()
     records = PolicyRecords.from_requests(output.requests, policy, output.series)
     summary = {**policy_summary(loaded, policy, records.requests, records.tokens),

@@ -4,15 +4,14 @@ run's scheduling decisions exactly.
 The runtime journals every call it makes into the core (`dualpace_sim.core.journal`), with the
 clock time it passed and the plan it got. Here a SimPy process advances the simulator's clock
 to each recorded time — the runtime's own measured batch durations and arrival times — and makes
-the same call on a fresh `EngineState` (or `VllmScheduler`); every plan it gets back must equal
+the same call through fresh drivers of the same policy (`dualpace_sim.core.rounds`, the protocol
+the runtime's engines run); every plan it gets back must equal
 the recorded one (same batches, same migrations, same order), and the requests must end with the
 runtime's token times. A mismatch means the runtime decided something outside the shared core.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,23 +19,17 @@ import pandas as pd
 import simpy
 
 from dualpace_sim.config.scenario import LoadedScenario
-from dualpace_sim.core import CpuResult, CpuScheduler, EngineState, GpuResult, GpuScheduler, Request
-from dualpace_sim.core.journal import (
-    JOURNAL_FILE,
-    Entry,
-    Journal,
-    JournalError,
-    describe_cpu,
-    describe_gpu,
-    describe_neo,
-)
-from dualpace_sim.core.neo import NeoScheduler
-from dualpace_sim.core.vllm import VllmScheduler
+from dualpace_sim.core import Request
+from dualpace_sim.core.journal import JOURNAL_FILE, Entry, Journal, JournalError
+from dualpace_sim.core.neo import NeoPlan
+from dualpace_sim.core.plans import CpuPlan, GpuPlan
+from dualpace_sim.core.policies import POLICY_NAMES, Schedulers, policy_named
+from dualpace_sim.core.rounds import Round
 from dualpace_sim.costs.neo_tables import NeoTables
 from dualpace_sim.results.node_series import StateLog, state_reader
 from dualpace_sim.results.records import read_records, records_frame
 
-REPLAYED_POLICIES = ("dualpace", "vllm", "neo")
+REPLAYED_POLICIES = POLICY_NAMES  # every registered policy has a real runtime and journals
 
 
 @dataclass
@@ -57,113 +50,62 @@ class ReplayReport:
         return text + "".join(f"\n  {m}" for m in self.mismatches)
 
 
-class _DualPaceCalls:
-    def __init__(self, loaded: LoadedScenario, requests: list[Request]) -> None:
+class JournalCalls:
+    """A journal's calls made again, one entry at a time, through fresh drivers of one policy
+    (`core.rounds`), which journal what they got: a schedule returns the plan its driver
+    recorded, for comparison with the runtime's. :meth:`plan` is the plan of an engine's
+    last round, which is how analyses price a real run's rounds (served_rounds.py)."""
+
+    def __init__(self, core: Schedulers, requests: list[Request], journal: Journal) -> None:
+        self.core = core
         self.requests = requests
-        self.state = EngineState(loaded.policy_config("dualpace"))
-        self.gpu, self.cpu = GpuScheduler(self.state), CpuScheduler(self.state)
-        self.gpu_plan = self.cpu_plan = None
+        self.journal = journal  # what the fresh drivers recorded
+        self.rounds: dict[str, Round | None] = dict.fromkeys(core.drivers)
+
+    @property
+    def state(self):
+        """The fresh schedulers' state (DualPace's EngineState, or the baseline's scheduler)."""
+        return self.core.state
+
+    def plan(self, engine: str) -> GpuPlan | CpuPlan | NeoPlan | None:
+        rnd = self.rounds.get(engine)
+        return None if rnd is None else rnd.plan
 
     def __call__(self, e: Entry) -> dict | None:
-        """Make the entry's call; return (recorded, replayed) plan summaries for a schedule."""
-        st, d = self.state, e.data
-        match e.engine, e.call:
-            case "load", "submit":
-                st.submit(self.requests[d["req"]])
-            case "gpu", "schedule":
-                plan = self.gpu.schedule()
-                if d["committed"]:
-                    self.gpu.commit(plan)
-                    self.gpu_plan = plan
-                return describe_gpu(plan)
-            case "gpu", "copies_done":
-                st.complete_copy_group(e.t)
-            case "gpu", "migrations_done":
-                st.complete_migrations(self.gpu_plan.swap_outs, self.gpu_plan.swap_ins, e.t)
-            case "gpu", "apply":
-                self.gpu.apply(self.gpu_plan, GpuResult(e.t, d["tokens"]))
-            case "cpu", "schedule":
-                plan = self.cpu.schedule()
-                self.cpu.commit(plan)
-                self.cpu_plan = plan
-                return describe_cpu(plan)
-            case "cpu", "apply":
-                self.cpu.apply(self.cpu_plan, CpuResult(e.t, d["tokens"]))
+        """Make the entry's call; return the replayed plan's summary for a schedule."""
+        if (e.engine, e.call) == ("load", "submit"):
+            self.core.submit(self.requests[e.data["req"]])
+            return None
+        driver = self.core.drivers.get(e.engine)
+        if driver is None:
+            raise ValueError(f"unknown journal call {e.engine}/{e.call}")
+        match e.call:
+            case "schedule":
+                self.rounds[e.engine] = driver.begin(e.t)
+                return self.journal.entries[-1].data["plan"]
+            case "copies_done" | "migrations_done":
+                driver.landed(self.rounds[e.engine], e.t)
+            case "apply":
+                driver.end(self.rounds[e.engine], e.t, e.data["tokens"])
             case _:
                 raise ValueError(f"unknown journal call {e.engine}/{e.call}")
         return None
 
 
-class _OneEngineCalls(ABC):
-    """A policy of one engine loop (vLLM, NEO): submit, schedule at the recorded time, apply."""
-
-    def __init__(self, sched, requests: list[Request]) -> None:
-        self.sched = sched
-        self.requests = requests
-        self.plan = None
-
-    @abstractmethod
-    def describe(self, plan) -> dict:
-        """The plan as the journal records it."""
-
-    @abstractmethod
-    def result(self, e: Entry):
-        """The apply entry as the scheduler's apply takes it."""
-
-    def __call__(self, e: Entry) -> dict | None:
-        match e.engine, e.call:
-            case "load", "submit":
-                self.sched.submit(self.requests[e.data["req"]])
-            case "gpu", "schedule":
-                self.plan = self.sched.schedule(e.t)
-                return self.describe(self.plan)
-            case "gpu", "apply":
-                self.sched.apply(self.plan, self.result(e))
-            case _:
-                raise ValueError(f"unknown journal call {e.engine}/{e.call}")
-        return None
-
-
-class _VllmCalls(_OneEngineCalls):
-    def __init__(self, loaded: LoadedScenario, requests: list[Request]) -> None:
-        super().__init__(VllmScheduler(loaded.policy_config("vllm")), requests)
-
-    def describe(self, plan) -> dict:
-        return describe_gpu(plan)
-
-    def result(self, e: Entry) -> GpuResult:
-        return GpuResult(e.t, e.data["tokens"])
-
-
-class _NeoCalls(_OneEngineCalls):
-    """NEO decides with the same tables over the same profile as the run did."""
-
-    def __init__(self, loaded: LoadedScenario, requests: list[Request]) -> None:
-        super().__init__(NeoScheduler(loaded.policy_config("neo"),
-                                      NeoTables(loaded.cost, loaded.neo_launch_s)), requests)
-
-    def describe(self, plan) -> dict:
-        return describe_neo(plan)
-
-    def result(self, e: Entry) -> float:
-        return e.t
-
-
-_CALLS = {"dualpace": _DualPaceCalls, "vllm": _VllmCalls, "neo": _NeoCalls}
-
-
-def journal_calls(loaded: LoadedScenario, policy: str) -> tuple[list[Request], Callable]:
-    """Fresh requests of `loaded`'s workload and a callable that makes a journal entry's call
-    into fresh schedulers of `policy` (returning the plan's summary for a schedule); its
-    `gpu_plan`/`cpu_plan` (DualPace) or `plan` (vLLM, NEO) is the plan the last schedule
-    got, which is how analyses price a real run's rounds (served_rounds.py)."""
+def journal_calls(loaded: LoadedScenario, policy: str) -> tuple[list[Request], JournalCalls]:
+    """Fresh requests of `loaded`'s workload and the :class:`JournalCalls` that make a journal
+    entry's call into fresh schedulers of `policy` (NEO's decide with its tables over the
+    scenario's profile, as the run's did)."""
     if policy not in REPLAYED_POLICIES:
         raise ValueError(f"no replay for policy {policy!r}; the runtime runs "
                          f"{', '.join(REPLAYED_POLICIES)}")
-    block_size = loaded.policy_config(policy).block_size
-    requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, block_size)
+    config = loaded.policy_config(policy)
+    requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, config.block_size)
                 for i, s in enumerate(loaded.requests)]
-    return requests, _CALLS[policy](loaded, requests)
+    journal = Journal("replay")
+    core = policy_named(policy).schedulers(config, NeoTables(loaded.cost, loaded.neo_launch_s),
+                                           journal)
+    return requests, JournalCalls(core, requests, journal)
 
 
 def replay(journal: Journal, loaded: LoadedScenario, policy: str,
@@ -206,7 +148,7 @@ def replay_states(journal: Journal, loaded: LoadedScenario, policy: str) -> pd.D
     fresh schedulers (no clock needed: each call takes its recorded time), as
     :meth:`node_series.StateLog.frame`: what a real run's ``state.parquet`` must hold."""
     _, calls = journal_calls(loaded, policy)
-    states = StateLog(state_reader(calls.state if policy == "dualpace" else calls.sched))
+    states = StateLog(state_reader(calls.state))
     states.sample(0.0)  # empty at the clock's start, as the runtime samples it
     for e in journal.entries:
         calls(e)

@@ -57,19 +57,20 @@ def served_rounds(loaded: LoadedScenario, run_dir: Path, policy: str) -> Iterato
     _, calls = journal_calls(loaded, policy)
     journal = Journal.read(Path(run_dir) / JOURNAL_FILE.format(policy=policy))
     pending, index, cpu_step = None, 0, False
+    beside_cpu = "cpu" in calls.core.drivers  # the GPU engine shares its host with a CPU engine
     for e in journal.entries:
         calls(e)
         if e.engine == "cpu":
             if e.call == "schedule":
-                cpu_step = calls.cpu_plan is not None and not calls.cpu_plan.is_empty
+                cpu_step = not calls.plan("cpu").is_empty
             elif e.call == "apply":
                 cpu_step = False
         elif e.engine == "gpu" and e.call == "schedule":
-            plan = calls.gpu_plan if policy == "dualpace" else calls.plan
-            if plan is not None and plan.has_forward and e.data.get("committed", True):
+            plan = calls.plan("gpu")
+            if plan.has_forward and e.data.get("committed", True):
                 chunks = [(c.tokens, c.start + c.tokens) for c in plan.prefills]
                 layer = cost.gpu_layer(plan.n_tokens, chunks, len(plan.decodes),
-                                       plan.decode_context, beside_cpu=policy == "dualpace")
+                                       plan.decode_context, beside_cpu=beside_cpu)
                 fixed = (cost.gpu_pre_layer(plan.n_tokens) + cost.gpu_post_layer(plan.n_sampled)
                          + cost.gpu_round_overhead(len(plan.prefills) + len(plan.decodes)))
                 to_cpu = sum(c.tokens for c in plan.prefills if c.to_cpu)

@@ -47,7 +47,7 @@ def policy_controls(loaded: LoadedScenario, policy: str) -> dict:
                    if shared not in (None, policy) else set())
     out = {}
     for k, v in config.items():
-        if k not in ("gpu_kv_blocks", "host_kv_blocks", "block_size"):
+        if k not in ("gpu_kv_blocks", "host_kv_blocks", "block_size", "launch_s"):
             source = f"shared_gpu_budget: {shared}" if k in from_shared else "scenario"
             out[k] = {"value": v, "source": source}
     if policy == "neo":

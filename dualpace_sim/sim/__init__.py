@@ -6,9 +6,7 @@ from collections.abc import Callable, Sequence
 
 from dualpace_sim.results.trace_events import TraceRecorder
 
-from ..core import SchedulerConfig
-from ..core.neo import NeoConfig
-from ..core.vllm import VllmConfig
+from ..core.policies import PolicyConfig, policy_named, resolve
 from ..costs import CostModel
 from .dualpace import DualPaceNode
 from .neo import NeoNode
@@ -17,21 +15,17 @@ from .vllm import VllmNode
 
 
 def make_node(
+    policy: str,
     specs: Sequence,
     cost: CostModel,
-    config: SchedulerConfig | VllmConfig | NeoConfig,
-    neo_launch_s: float | None = None,
+    config: PolicyConfig,
     on_finish: Callable[[int], None] | None = None,
     trace: TraceRecorder | None = None,
 ) -> Node:
-    """The node that runs the policy the config belongs to; `trace` records its timeline."""
-    if isinstance(config, SchedulerConfig):
-        return DualPaceNode(specs, cost, config, on_finish, trace)
-    if isinstance(config, VllmConfig):
-        return VllmNode(specs, cost, config, on_finish, trace)
-    if isinstance(config, NeoConfig):
-        return NeoNode(specs, cost, config, neo_launch_s, on_finish, trace)
-    raise TypeError(f"no simulated node for {type(config).__name__}")
+    """The simulated node of the registered `policy`, over its `config`; `trace` records its
+    timeline."""
+    node = resolve(policy_named(policy).simulator)
+    return node(specs, cost, config, on_finish, trace)
 
 
 __all__ = ["DualPaceNode", "NeoNode", "Node", "SimOutput", "SimStats", "SimulationStalled",

@@ -1,6 +1,6 @@
 """The DualPace node: GPU and CPU engine loops as independent SimPy processes.
 
-Each engine loops schedule -> commit -> execute -> apply over the shared core, with no barrier
+Each engine loops through its driver (`core.rounds`: begin, execute, land, end), with no barrier
 between them; they meet only in the shared state and, for Dense Assist, at the GPU worker's
 stage boundaries.
 """
@@ -9,22 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from dualpace_sim.results.node_series import StateLog, state_reader
 from dualpace_sim.results.trace_events import CPU_ENGINE, GPU_ENGINE, TraceRecorder
 
-from ..core import (
-    CpuPlan,
-    CpuResult,
-    CpuScheduler,
-    EngineState,
-    GpuPlan,
-    GpuResult,
-    GpuScheduler,
-    Request,
-    Route,
-    SchedulerConfig,
-    assist_reachable,
-)
+from ..core import CpuPlan, GpuPlan, Route, SchedulerConfig, assist_reachable
+from ..core.policies import dualpace_schedulers
+from ..core.rounds import Round, RoundKind
 from ..costs import CostModel
 from .assist import AssistBooker
 from .node import Node, ids
@@ -46,10 +35,9 @@ class DualPaceNode(Node):
         stage_mode = assist_reachable(config.largest_cpu_batch, config.route_f)
         super().__init__(specs, cost, config.block_size, stage_mode, on_finish, trace)
         self.config = config
-        self.state = EngineState(config)
-        self.gpu_sched = GpuScheduler(self.state)
-        self.cpu_sched = CpuScheduler(self.state)
-        self.states = StateLog(state_reader(self.state))
+        self._drive(dualpace_schedulers(config))
+        self.state = self.core.state
+        self.gpu_driver, self.cpu_driver = self.core.drivers["gpu"], self.core.drivers["cpu"]
         self._copies_land_s = 0.0
         self.assists = AssistBooker(self.env, self.gpu, self.link, cost, trace)
         self._head_wait: tuple[float, int, str] | None = None  # (since, req_id, why), traced
@@ -57,12 +45,6 @@ class DualPaceNode(Node):
     def _start(self) -> None:
         self.env.process(self._gpu_loop())
         self.env.process(self._cpu_loop())
-
-    def _submit(self, req: Request) -> None:
-        self.state.submit(req)
-
-    def _finished_count(self) -> int:
-        return len(self.state.finished)
 
     def _describe(self) -> str:
         st = self.state
@@ -74,48 +56,51 @@ class DualPaceNode(Node):
     # ---------------------------------------------------------------------- GPU engine
 
     def _gpu_loop(self):
-        env, st, sched = self.env, self.state, self.gpu_sched
+        env, gpu = self.env, self.gpu_driver
         while not self._done():
-            plan = sched.schedule()
-            if plan.wait_for_copies:
-                if self._copies_land_s > env.now:
-                    if self.trace is not None:
-                        self.trace.complete(GPU_ENGINE, "wait for Prefill-to-CPU copies",
-                                            env.now, self._copies_land_s)
-                    self.assists.gpu_moves_on()
-                    yield env.timeout(self._copies_land_s - env.now)
-                st.complete_copy_group(env.now)
-                self._sample()
-                self._note_finished()
-                self._wake_cpu()
+            rnd = gpu.begin(env.now)
+            if rnd.kind is RoundKind.WAIT_FOR_COPIES:
+                yield from self._wait_for_copies(rnd)
                 continue
-            if plan.is_empty:
+            if rnd.idle:
                 self.assists.gpu_moves_on()
                 yield self._idle("gpu")
                 continue
-            sched.commit(plan)
             self._sample()
             self._wake_cpu()
             self.stats.gpu_rounds += 1
-            if plan.has_migrations:
-                yield from self._migrate(plan)
-            if not plan.has_forward:
-                self.stats.migration_only_rounds += plan.has_migrations
+            if rnd.lands:
+                yield from self._migrate(rnd)
+            if not rnd.forward:
+                self.stats.migration_only_rounds += rnd.lands
                 continue
-            yield from self._forward(plan)
+            yield from self._forward(rnd)
 
-    def _migrate(self, plan: GpuPlan):
+    def _wait_for_copies(self, rnd: Round):
         env = self.env
-        land = self._book_swaps(plan)
+        if self._copies_land_s > env.now:
+            if self.trace is not None:
+                self.trace.complete(GPU_ENGINE, "wait for Prefill-to-CPU copies", env.now,
+                                    self._copies_land_s)
+            self.assists.gpu_moves_on()
+            yield env.timeout(self._copies_land_s - env.now)
+        self.gpu_driver.landed(rnd, env.now)
+        self._sample()
+        self._note_finished()
+        self._wake_cpu()
+
+    def _migrate(self, rnd: Round):
+        env = self.env
+        land = self._book_swaps(rnd)
         if land > env.now:
             self.assists.gpu_moves_on()
             yield env.timeout(land - env.now)
-        self.state.complete_migrations(plan.swap_outs, plan.swap_ins, env.now)
+        self.gpu_driver.landed(rnd, env.now)
         self._sample()
         self._wake_cpu()
 
-    def _forward(self, plan: GpuPlan):
-        env, n = self.env, self._n_layers
+    def _forward(self, rnd: Round):
+        env, n, plan = self.env, self._n_layers, rnd.plan
         pre, layer, post = self._forward_times(plan)
         copies = plan.copy_chunks
         if copies:  # layer-by-layer Prefill-to-CPU copies, booked as each layer ends
@@ -131,29 +116,22 @@ class DualPaceNode(Node):
             self._copies_land_s = max(landed, last_layer_end + self.link.d2h.duration(layer_bytes))
         if self.trace is not None:
             self._trace_forward(plan, start, to_cpu=ids(c.req for c in copies))
-        self.gpu_sched.apply(plan, GpuResult(env.now))
+        self.gpu_driver.end(rnd, env.now)
         self._sample()
         self._note_finished()
 
     # ---------------------------------------------------------------------- CPU engine
 
     def _cpu_loop(self):
-        sched = self.cpu_sched
+        cpu = self.cpu_driver
         while not self._done():
-            plan = sched.schedule()
-            sched.commit(plan)
+            rnd = cpu.begin(self.env.now)
+            plan = rnd.plan
             self._sample()
             if plan.held_back or plan.admitted:
                 self._wake("gpu")
-            if plan.is_empty:
-                self._note_head_wait(plan)
-                yield self._idle("cpu")
-                if self._head_wait is not None:
-                    start, req_id, why = self._head_wait
-                    self._head_wait = None
-                    if self.env.now > start:
-                        self.trace.complete(CPU_ENGINE, "wait for head", start, self.env.now,
-                                            req_id=req_id, reason=why)
+            if rnd.idle:
+                yield from self._cpu_idle(plan)
                 continue
             self.stats.cpu_rounds += 1
             routes = self.stats.routes
@@ -164,10 +142,21 @@ class DualPaceNode(Node):
             self.cpu_worked.add(start, self.env.now)
             if self.trace is not None:
                 self._trace_cpu_round(plan, start)
-            sched.apply(plan, CpuResult(self.env.now))
+            cpu.end(rnd, self.env.now)
             self._sample()
             self._note_finished()
             self._wake("gpu")
+
+    def _cpu_idle(self, plan: CpuPlan):
+        """Sleep until woken; when tracing, the wait on the waiting queue's head is a slice."""
+        self._note_head_wait(plan)
+        yield self._idle("cpu")
+        if self._head_wait is not None:
+            start, req_id, why = self._head_wait
+            self._head_wait = None
+            if self.env.now > start:
+                self.trace.complete(CPU_ENGINE, "wait for head", start, self.env.now,
+                                    req_id=req_id, reason=why)
 
     def _wake_cpu(self) -> None:
         """Wake an idle CPU engine only when its next round would run a batch. An idle engine
@@ -175,7 +164,7 @@ class DualPaceNode(Node):
         gives the same run without two events (and a schedule and commit) per GPU round."""
         if not self._sleeping("cpu"):
             return
-        plan = self.cpu_sched.schedule()
+        plan = self.cpu_driver.preview()
         if not plan.is_empty:
             self._wake("cpu")
         elif self._head_wait is None:  # the engine now waits on a head it did not see yet

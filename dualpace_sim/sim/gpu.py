@@ -13,10 +13,10 @@ that start queues in front of the batch, as on the GPU's stream.
 
 Where the GPU sets the pace (graph-replayed decode layers, or eager layers slower than the
 host's launch floor), the real GPU engine keeps its host one stage ahead, so the GPU always
-has the next stage queued (dualpace_hw.runtime.engines._StagePace): an assist the host takes at a
-boundary queues behind that stage and starts one boundary later. On the H200 box an assist's
-service ran 0.88 ms beyond its CUDA time on average at 12 req/s, where the handshake itself
-costs ~10 us (profiler/handshake.py). Where the host sets the pace the GPU has nothing queued
+has the next stage queued (dualpace_hw.runtime.assist_server.StagePace): an assist the host
+takes at a boundary queues behind that stage and starts one boundary later. On the H200 box an
+assist's service ran 0.88 ms beyond its CUDA time on average at 12 req/s, where the handshake
+itself costs ~10 us (profiler/handshake.py). Where the host sets the pace the GPU has nothing queued
 and the assist starts at the boundary.
 """
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from dualpace_sim.results.node_series import StateLog, state_reader
 from dualpace_sim.results.trace_events import CPU_ENGINE, GPU_ENGINE, TraceRecorder
 
-from ..core import Request
-from ..core.neo import NeoConfig, NeoHostFull, NeoPlan, NeoPredictor, NeoScheduler, layer_time
+from ..core.neo import NeoConfig, NeoHostFull, NeoPlan, NeoPredictor, layer_time
+from ..core.policies import neo_schedulers
+from ..core.rounds import Round
 from ..costs import CostModel
 from ..costs.neo_tables import NeoTables
 from .node import Node, SimulationStalled, ids
@@ -35,15 +35,14 @@ class NeoNode(Node):
         specs: Sequence,
         cost: CostModel,
         config: NeoConfig,
-        launch_s: float | None = None,
         on_finish: Callable[[int], None] | None = None,
         trace: TraceRecorder | None = None,
     ) -> None:
         super().__init__(specs, cost, config.block_size, stage_mode=False, on_finish=on_finish,
                          trace=trace)
-        self.tables = NeoTables(cost, launch_s)
-        self.sched = NeoScheduler(config, self.tables)
-        self.states = StateLog(state_reader(self.sched))
+        self.tables = NeoTables(cost, config.launch_s)
+        self._drive(neo_schedulers(config, self.tables))
+        self.sched, self.driver = self.core.state, self.core.drivers["gpu"]
         shape = cost.shape
         # Per CPU decode and layer: Q, K, V to the host, the attention output back.
         self._to_host_bytes = (shape.q_dim + 2 * shape.kv_dim) * shape.dtype_bytes
@@ -52,12 +51,6 @@ class NeoNode(Node):
     def _start(self) -> None:
         self.env.process(self._loop())
 
-    def _submit(self, req: Request) -> None:
-        self.sched.submit(req)
-
-    def _finished_count(self) -> int:
-        return len(self.sched.finished)
-
     def _describe(self) -> str:
         s = self.sched
         return (f"waiting {len(s.waiting)}, GPU decoding {len(s.gpu_q)}, CPU decoding "
@@ -65,27 +58,29 @@ class NeoNode(Node):
                 f"{s.host.free}/{s.host.capacity}")
 
     def _loop(self):
-        env, sched = self.env, self.sched
+        env, driver = self.env, self.driver
         while not self._done():
             try:
-                plan = sched.schedule(env.now)
+                rnd = driver.begin(env.now)
             except NeoHostFull as e:  # the run cannot go on: reported as a stall, one line
                 raise SimulationStalled(f"simulation stalled at t={env.now:.3f}s: {e}") from None
             self._sample()
-            if not plan.batches:  # nothing on the GPU (so no swap either): sleep until work
+            if rnd.idle:
                 yield self._idle("gpu")
                 continue
             self.stats.gpu_rounds += 1
-            if plan.swap_outs or plan.swap_ins:
-                yield from self._swap(plan)
-            yield from self._iterate(plan)
-            sched.apply(plan, env.now)
+            if rnd.moves.any:
+                yield from self._swap(rnd)
+            if not rnd.forward:  # swaps only: nothing on the GPU after them
+                continue
+            yield from self._iterate(rnd.plan)
+            driver.end(rnd, env.now)
             self._sample()
             self._note_finished()
 
-    def _swap(self, plan: NeoPlan):
+    def _swap(self, rnd: Round):
         """Swaps are copied for all layers before the forward and serialize into it."""
-        land = self._book_swaps(plan)
+        land = self._book_swaps(rnd)
         if land > self.env.now:
             yield self.env.timeout(land - self.env.now)
 

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 import simpy
 from simpy.events import NORMAL
 
-from dualpace_sim.results.node_series import Busy, Intervals, NodeSeries, StateLog
+from dualpace_sim.results.node_series import Busy, Intervals, NodeSeries, StateLog, state_reader
 from dualpace_sim.results.trace_events import GPU_ENGINE, PCIE_D2H, PCIE_H2D, TraceRecorder
 
-from ..core import GpuPlan, GpuResult, Request
-from ..core.neo import NeoPlan
+from ..core import GpuPlan, Request
+from ..core.policies import Schedulers
+from ..core.rounds import Round
 from ..costs import CostModel
 from .gpu import GpuDevice
 from .links import Link
@@ -105,7 +106,8 @@ class Node:
             Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens, block_size)
             for i, s in enumerate(specs)
         ]
-        self.states: StateLog | None = None  # set by each subclass over its scheduler
+        self.core: Schedulers | None = None  # the policy's, set by each subclass (`_drive`)
+        self.states: StateLog | None = None
         self._on_finish = on_finish
         self._events: dict[str, simpy.Event] = {}
         self._n_finished = 0
@@ -116,16 +118,22 @@ class Node:
     def _start(self) -> None:
         raise NotImplementedError
 
-    def _submit(self, req: Request) -> None:
-        raise NotImplementedError
-
-    def _finished_count(self) -> int:
-        raise NotImplementedError
-
     def _describe(self) -> str:
         raise NotImplementedError
 
     # --- plumbing ------------------------------------------------------------------------
+
+    def _drive(self, core: Schedulers) -> None:
+        """The policy's schedulers this node drives: arrivals enter them, and their state is
+        what the node's series sample."""
+        self.core = core
+        self.states = StateLog(state_reader(core.state))
+
+    def _submit(self, req: Request) -> None:
+        self.core.submit(req)
+
+    def _finished_count(self) -> int:
+        return len(self.core.finished)
 
     def run(self) -> SimOutput:
         env = self.env
@@ -210,22 +218,22 @@ class Node:
         return pre, layer, post
 
     def _run_forward(self, plan: GpuPlan, **trace_args):
-        """Execute a GPU-main batch on the GPU worker; returns its GpuResult. `trace_args` go
-        with the forward's trace slice."""
+        """Execute a GPU-main batch on the GPU worker. `trace_args` go with the forward's trace
+        slice."""
         pre, layer, post = self._forward_times(plan)
         start, _ = yield from self.gpu.run_batch(pre, layer, self._n_layers, post)
         if self.trace is not None:
             self._trace_forward(plan, start, **trace_args)
-        return GpuResult(self.env.now)
 
-    def _book_swaps(self, plan: GpuPlan | NeoPlan) -> float:
-        """Book a round's swap transfers, both issued now (the link is full duplex); returns
-        when the last one lands."""
+    def _book_swaps(self, rnd: Round) -> float:
+        """Book a round's swap transfers (its block moves), both issued now (the link is full
+        duplex); returns when the last one lands."""
         now, block_bytes, trace = self.env.now, self.cost.kv_block_bytes, self.trace
+        plan, moves = rnd.plan, rnd.moves
         land = now
         for reqs, blocks, channel, track, name in (
-            (plan.swap_outs, plan.swap_out_blocks, self.link.d2h, PCIE_D2H, "swap-out"),
-            (plan.swap_ins, plan.swap_in_blocks, self.link.h2d, PCIE_H2D, "swap-in"),
+            (plan.swap_outs, len(moves.swap_out[0]), self.link.d2h, PCIE_D2H, "swap-out"),
+            (plan.swap_ins, len(moves.swap_in[0]), self.link.h2d, PCIE_H2D, "swap-in"),
         ):
             if not reqs:
                 continue

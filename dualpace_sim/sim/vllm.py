@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from dualpace_sim.results.node_series import StateLog, state_reader
 from dualpace_sim.results.trace_events import TraceRecorder
 
-from ..core import Request
-from ..core.vllm import VllmConfig, VllmScheduler
+from ..core.policies import vllm_schedulers
+from ..core.vllm import VllmConfig
 from ..costs import CostModel
 from .node import Node
 
@@ -24,17 +23,11 @@ class VllmNode(Node):
     ) -> None:
         super().__init__(specs, cost, config.block_size, stage_mode=False, on_finish=on_finish,
                          trace=trace)
-        self.sched = VllmScheduler(config)
-        self.states = StateLog(state_reader(self.sched))
+        self._drive(vllm_schedulers(config))
+        self.sched, self.driver = self.core.state, self.core.drivers["gpu"]
 
     def _start(self) -> None:
         self.env.process(self._loop())
-
-    def _submit(self, req: Request) -> None:
-        self.sched.submit(req)
-
-    def _finished_count(self) -> int:
-        return len(self.sched.finished)
 
     def _describe(self) -> str:
         s = self.sched
@@ -45,14 +38,14 @@ class VllmNode(Node):
         sched = self.sched
         while not self._done():
             preempted = sched.preemptions
-            plan = sched.schedule(self.env.now)
+            rnd = self.driver.begin(self.env.now)
             self._sample()
-            if not plan.has_forward:
+            if rnd.idle:
                 yield self._idle("gpu")
                 continue
             self.stats.gpu_rounds += 1
-            result = yield from self._run_forward(plan, preempted=sched.preemptions - preempted)
-            sched.apply(plan, result)
+            yield from self._run_forward(rnd.plan, preempted=sched.preemptions - preempted)
+            self.driver.end(rnd, self.env.now)
             self._sample()
             self.stats.preemptions = sched.preemptions
             self._note_finished()

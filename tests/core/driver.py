@@ -1,39 +1,33 @@
-"""A minimal backend for core tests: drives both schedulers in a chosen interleaving.
+"""A minimal backend for core tests: drives both engines in a chosen interleaving.
 
-Engine rounds are split into their observable phases (commit, migrations landing, apply), so a
-test can interleave the GPU and CPU engines the way two independent event loops would.
+Engine rounds are split into their observable phases (begin, migrations landing, end), so a
+test can interleave the GPU and CPU engines the way two independent event loops would; each
+phase is the engine's driver's (`core.rounds`), as in every backend.
 """
 
 from __future__ import annotations
 
 import random
+from itertools import chain
 
-from dualpace_sim.core import (
-    BlockMoves,
-    CpuResult,
-    CpuScheduler,
-    EngineState,
-    GpuPlan,
-    GpuResult,
-    GpuScheduler,
-    Request,
-    SchedulerConfig,
-)
+from dualpace_sim.core import BlockMoves, GpuPlan, Request, SchedulerConfig
+from dualpace_sim.core.policies import dualpace_schedulers
+from dualpace_sim.core.rounds import RoundKind
 
 
 class Driver:
     def __init__(self, config: SchedulerConfig, lengths: list[tuple[int, int]]) -> None:
-        self.state = EngineState(config)
-        self.gpu = GpuScheduler(self.state)
-        self.cpu = CpuScheduler(self.state)
+        core = dualpace_schedulers(config)
+        self.state = core.state
+        self.gpu, self.cpu = core.drivers["gpu"], core.drivers["cpu"]
         self.pending = [
             Request.create(i, float(i), p, m, config.block_size) for i, (p, m) in enumerate(lengths)
         ]
         self.requests = list(self.pending)
         self.t = 0.0
-        self.gpu_plan = None  # committed GPU plan not yet applied
+        self.gpu_round = None  # committed GPU round not yet ended
         self.gpu_migrated = False
-        self.cpu_plan = None  # committed CPU plan not yet applied
+        self.cpu_round = None  # committed CPU round not yet ended
         self.gpu_plans = []
         self.cpu_plans = []
 
@@ -45,13 +39,13 @@ class Driver:
         acts = []
         if self.pending:
             acts.append("arrive")
-        if self.gpu_plan is None:
+        if self.gpu_round is None:
             acts.append("gpu_start")
         elif not self.gpu_migrated:
             acts.append("gpu_migrated")
         else:
             acts.append("gpu_finish")
-        acts.append("cpu_finish" if self.cpu_plan is not None else "cpu_start")
+        acts.append("cpu_finish" if self.cpu_round is not None else "cpu_start")
         return acts
 
     def do(self, action: str) -> None:
@@ -59,34 +53,34 @@ class Driver:
         if action == "arrive":
             st.submit(self.pending.pop(0))
         elif action == "gpu_start":
-            plan = self.gpu.schedule()
-            if plan.wait_for_copies:
-                st.complete_copy_group(self.now())
+            before = {id(r): list(r.blocks) for r in chain(st.gpu_running, st.cpu_waiting)}
+            rnd = self.gpu.begin(self.t)
+            if rnd.kind is RoundKind.WAIT_FOR_COPIES:
+                self.gpu.landed(rnd, self.now())
                 return
-            if plan.is_empty:
+            if rnd.idle:
                 return
-            before = {id(r): list(r.blocks) for r in (*plan.swap_outs, *plan.swap_ins)}
-            check_moves(plan, self.gpu.commit(plan), before)
-            self.gpu_plans.append(plan)
-            self.gpu_plan, self.gpu_migrated = plan, False
+            check_moves(rnd.plan, rnd.moves, before)
+            self.gpu_plans.append(rnd.plan)
+            self.gpu_round, self.gpu_migrated = rnd, False
         elif action == "gpu_migrated":
-            plan = self.gpu_plan
-            st.complete_migrations(plan.swap_outs, plan.swap_ins, self.now())
+            rnd, t = self.gpu_round, self.now()
+            if rnd.lands:
+                self.gpu.landed(rnd, t)
             self.gpu_migrated = True
-            if not plan.has_forward:
-                self.gpu_plan = None
+            if not rnd.forward:
+                self.gpu_round = None
         elif action == "gpu_finish":
-            self.gpu.apply(self.gpu_plan, GpuResult(self.now()))
-            self.gpu_plan = None
+            self.gpu.end(self.gpu_round, self.now())
+            self.gpu_round = None
         elif action == "cpu_start":
-            plan = self.cpu.schedule()
-            self.cpu.commit(plan)
-            if not plan.is_empty:
-                self.cpu_plans.append(plan)
-                self.cpu_plan = plan
+            rnd = self.cpu.begin(self.t)
+            if not rnd.idle:
+                self.cpu_plans.append(rnd.plan)
+                self.cpu_round = rnd
         elif action == "cpu_finish":
-            self.cpu.apply(self.cpu_plan, CpuResult(self.now()))
-            self.cpu_plan = None
+            self.cpu.end(self.cpu_round, self.now())
+            self.cpu_round = None
         st.check_invariants()
 
     def run(self, rng: random.Random, max_steps: int = 200_000) -> int:

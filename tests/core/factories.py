@@ -9,10 +9,8 @@ default to what the request's KV occupies (prompt + generated - 1 tokens once it
 from __future__ import annotations
 
 from dualpace_sim.core import (
-    CpuResult,
     CpuScheduler,
     EngineState,
-    GpuResult,
     GpuScheduler,
     Owner,
     Request,
@@ -20,6 +18,7 @@ from dualpace_sim.core import (
     SchedulerConfig,
     blocks_for,
 )
+from dualpace_sim.core.rounds import CpuDriver, GpuDriver, RoundKind
 from dualpace_sim.core.state import host_growth
 
 BS = 4  # block size used throughout the unit tests: small numbers are easy to check by hand
@@ -127,25 +126,27 @@ def mark(st: EngineState, r: Request) -> Request:
 
 
 def gpu_round(st: EngineState, t: float | None = 1.0):
-    """schedule + commit (+ migrations landing + apply at time `t`, unless `t` is None)."""
-    sched = GpuScheduler(st)
-    plan = sched.schedule()
-    sched.commit(plan)
+    """A GPU round's begin (schedule + commit), and unless `t` is None its migrations landing
+    and its end (apply) at time `t`; a round waiting for copies only begins."""
+    driver = GpuDriver(GpuScheduler(st))
+    rnd = driver.begin(0.0)
     st.check_invariants()
-    if t is not None and not plan.wait_for_copies:
-        st.complete_migrations(plan.swap_outs, plan.swap_ins, t)
-        sched.apply(plan, GpuResult(t))
+    if t is not None and rnd.kind is not RoundKind.WAIT_FOR_COPIES:
+        if rnd.lands:
+            driver.landed(rnd, t)
+        if rnd.forward:
+            driver.end(rnd, t)
         st.check_invariants()
-    return plan
+    return rnd.plan
 
 
 def cpu_round(st: EngineState, t: float | None = 1.0):
-    """schedule + commit (+ apply at time `t`, unless `t` is None)."""
-    sched = CpuScheduler(st)
-    plan = sched.schedule()
-    sched.commit(plan)
+    """A CPU round's begin (schedule + commit), and its end (apply) at time `t` unless `t` is
+    None."""
+    driver = CpuDriver(CpuScheduler(st))
+    rnd = driver.begin(0.0)
     st.check_invariants()
-    if t is not None and not plan.is_empty:
-        sched.apply(plan, CpuResult(t))
+    if t is not None and not rnd.idle:
+        driver.end(rnd, t)
         st.check_invariants()
-    return plan
+    return rnd.plan

@@ -82,8 +82,7 @@ def test_neo_pays_the_decode_floor_and_the_graph_replaying_policies_do_not(write
     floored = CostModel(profile)
 
     def run(policy: str, cost: CostModel):
-        return make_node(loaded.requests, cost, loaded.policy_config(policy),
-                         loaded.neo_launch_s).run().stats
+        return make_node(policy, loaded.requests, cost, loaded.policy_config(policy)).run().stats
 
     neo = run("neo", floored)
     assert neo.gpu_busy_s >= neo.gpu_rounds * floored.n_layers * DECODE

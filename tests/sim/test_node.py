@@ -19,8 +19,8 @@ def test_a_trace_recorder_changes_nothing_in_the_simulation(write_scenario):
     for policy in loaded.spec.policies:
         runs = []
         for trace in (None, TraceRecorder(policy)):
-            node = make_node(loaded.requests, loaded.cost, loaded.policy_config(policy),
-                             loaded.neo_launch_s, trace=trace)
+            node = make_node(policy, loaded.requests, loaded.cost, loaded.policy_config(policy),
+                             trace=trace)
             runs.append(node.run())
         plain, traced = runs
         assert asdict(traced.stats) == asdict(plain.stats), policy
@@ -44,7 +44,7 @@ def test_only_dualpace_takes_the_eager_floor_measured_beside_a_cpu_engine(write_
     beside = CostModel(profile)
 
     def run(policy: str, cost: CostModel):
-        node = make_node(loaded.requests, cost, loaded.policy_config(policy), loaded.neo_launch_s)
+        node = make_node(policy, loaded.requests, cost, loaded.policy_config(policy))
         return node.run()
 
     assert run("dualpace", beside).stats.gpu_busy_s > 1.1 * run("dualpace", plain).stats.gpu_busy_s
@@ -68,7 +68,7 @@ def test_every_policys_rounds_pay_the_rank_groups_work(write_scenario):
     tp = CostModel(profile)
 
     def run(policy: str, cost: CostModel):
-        node = make_node(loaded.requests, cost, loaded.policy_config(policy), loaded.neo_launch_s)
+        node = make_node(policy, loaded.requests, cost, loaded.policy_config(policy))
         return node.run().stats
 
     for policy in ("dualpace", "vllm", "neo"):

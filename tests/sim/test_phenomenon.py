@@ -20,8 +20,7 @@ def test_neo_stalls_cpu_resident_progress_while_dualpace_keeps_it_going(write_sc
     loaded = load_scenario(path)
     stalls, cpu_tokens = {}, {}
     for policy in loaded.spec.policies:
-        node = make_node(loaded.requests, loaded.cost, loaded.policy_config(policy),
-                         loaded.neo_launch_s)
+        node = make_node(policy, loaded.requests, loaded.cost, loaded.policy_config(policy))
         frame = records_frame(node.run().requests, policy)
         stalls[policy] = longest_cpu_stall(frame)
         cpu_tokens[policy] = frame["token_owners"].str.count("C").sum()

@@ -74,7 +74,7 @@ def _served_cpu_steps(calls, journal: Journal) -> Iterator[tuple[float, float, i
         calls(e)
         if e.engine != "cpu":
             continue
-        plan = calls.cpu_plan
+        plan = calls.plan("cpu")
         if e.call == "schedule" and plan is not None and not plan.is_empty:
             pending = (e.t, len(plan.batch), plan.route, plan.context)
         elif e.call == "apply" and pending is not None:
@@ -193,13 +193,13 @@ def neo_rounds(scenario: str, real: str, costs: str | None = None) -> Iterator[N
     """NEO's iterations with a forward in the real run directory `real` of `scenario` (priced
     with the profile `costs` where given), each beside the simulator's price for its plan."""
     cost, calls, journal = _replaying(scenario, real, "neo", costs)
-    tables, block = calls.sched.p, cost.kv_block_bytes
+    tables, block = calls.state.p, cost.kv_block_bytes
     pending, index = None, 0
     for e in journal.entries:
         calls(e)
         if e.engine != "gpu":
             continue
-        plan = calls.plan
+        plan = calls.plan("gpu")
         if e.call == "schedule" and plan.batches:
             width = sum(b.width for b in plan.batches)
             rows = sum(len(b) for b in plan.batches)

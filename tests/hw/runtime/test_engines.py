@@ -23,8 +23,9 @@ from typer.testing import CliRunner
 from dualpace_hw.cli import app
 from dualpace_hw.executors.model import Model, ModelWeights, greedy
 from dualpace_hw.memory.shm import SharedArena
+from dualpace_hw.runtime.assist_server import AssistServer
 from dualpace_hw.runtime.cpu_worker import AssistBlock, WorkerStopped
-from dualpace_hw.runtime.engines import AssistServer, EngineFailure, Engines
+from dualpace_hw.runtime.engines import EngineFailure, Engines
 from dualpace_hw.serving.serve import build_runtime, run_real
 from dualpace_sim.cli.main import app as sim_app
 from dualpace_sim.config.scenario import load_scenario
