@@ -9,7 +9,9 @@ once the pool has churned. In served runs on the H200 box the attention phase ra
 table from 48 rows up (`docs/validation/README.md`, session 19). This times one step's
 attention (the same block table over every layer) per layer, in one process, for:
 
-* `private_contiguous`: the profiler's layout (a two-layer private pool, contiguous ids);
+* `private_contiguous`: the profiler's layout (a private pool, contiguous ids), two layers in
+  turn: where two layers' KV fit the last-level cache it is read from there, which the
+  profiler's windows (twice the cache) avoid, so small batches are not its figure;
 * `shared_contiguous`: the runtime's arena, contiguous ids;
 * `shared_scattered`: the runtime's arena, ids a random permutation of the pool;
 * `shared_scattered_varlen`: the same with request lengths drawn uniformly around the mean;
