@@ -42,7 +42,7 @@ from dualpace_hw.runtime.cpu_worker import CpuEngineProcess
 from dualpace_hw.runtime.engines import AssistServer, Engines
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs import CostModel
-from dualpace_sim.costs.fit import route_cost
+from dualpace_sim.costs.fit.thresholds import route_cost
 
 ROUTES = (Route.FUSED_ASSIST, Route.FULL_CPU, Route.SPLIT_FINAL)  # the open gap first
 

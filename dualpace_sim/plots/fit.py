@@ -14,12 +14,12 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from dualpace_sim.costs.fit import (
+from dualpace_sim.costs.fit import FitResult
+from dualpace_sim.costs.fit.thresholds import (
     FULL,
     FUSED,
     ROUTES,
     SPLIT,
-    FitResult,
     RoutingCosts,
     choose_thresholds,
     route_scores,
