@@ -27,7 +27,7 @@ from dualpace_sim.costs.calibrate import ASSISTS_FILE, write_assist_calls
 from dualpace_sim.costs.cpu_step_records import CPU_STEPS_FILE, write_cpu_steps
 from dualpace_sim.costs.neo_tables import NeoTables
 from dualpace_sim.costs.shapes import ModelShape
-from dualpace_sim.plots.figures import plot_timeline
+from dualpace_sim.plots.runs import plot_timeline
 from dualpace_sim.results.node_series import (
     NodeSeries,
     busy_shares,
