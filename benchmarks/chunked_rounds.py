@@ -23,7 +23,7 @@ import time
 import torch
 from cpu_independence import BS, beside_fused_assist, cpu_step, engine_beside, gpu_plan
 
-from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.gpu import GpuExecutor
 from dualpace_hw.executors.model import Model, ModelWeights
 from dualpace_hw.memory.kv import PagedKVPool
 from dualpace_hw.memory.tokens import TokenStore

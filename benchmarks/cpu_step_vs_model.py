@@ -34,7 +34,7 @@ import torch
 from profile_args import add_cpu_step_arguments, add_profile_arguments, profile_from
 
 from dualpace_hw.executors.cpu_executor import CpuStep
-from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.gpu import GpuExecutor
 from dualpace_hw.executors.model import Model, ModelWeights
 from dualpace_hw.memory.kv import PagedKVPool
 from dualpace_hw.memory.tokens import TokenStore

@@ -34,7 +34,7 @@ from collections.abc import Callable
 import torch
 from profile_args import add_profile_arguments, profile_from
 
-from dualpace_hw.executors.gpu_executor import ForwardState, GpuExecutor
+from dualpace_hw.executors.gpu import ForwardState, GpuExecutor
 from dualpace_hw.executors.model import Model, ModelWeights
 from dualpace_hw.memory.kv import PagedKVPool
 from dualpace_hw.memory.migrate import CopyGroup
@@ -91,9 +91,10 @@ def main() -> None:
     rows: dict[str, float] = {}
     vllm = GpuExecutor(model, pool, tokens, cuda_graphs=False)
     batch, state, copies = vllm.prepare(plan), ForwardState(), CopyGroup()
-    vllm._pre_layer(batch, state)
+    vllm.kernels.pre_layer(batch, state)
     rows["layer, back to back (the profile's)"] = median_s(
-        lambda: [vllm._layer(0, batch, state, copies) for _ in range(n)], dev, args.rounds) / n
+        lambda: [vllm.kernels.layer(0, batch, state, copies) for _ in range(n)], dev,
+        args.rounds) / n
     rows["round, all cores (vLLM)"] = per_layer(
         median_s(lambda: vllm.execute(plan), dev, args.rounds))
     with on_cores(left):

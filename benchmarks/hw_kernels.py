@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dualpace_hw.executors.gpu_executor import GpuExecutor  # noqa: E402
+from dualpace_hw.executors.gpu import GpuExecutor  # noqa: E402
 from dualpace_hw.executors.model import Dense, LayerWeights, Model, ModelWeights  # noqa: E402
 from dualpace_hw.memory.kv import PagedKVPool  # noqa: E402
 from dualpace_hw.memory.migrate import Migrator  # noqa: E402

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dualpace_hw.executors.cpu_executor import CpuStep
-from dualpace_hw.executors.gpu_executor import Forward, GpuExecutor
+from dualpace_hw.executors.gpu import Forward, GpuExecutor
 from dualpace_hw.executors.model import Model, ModelWeights
 from dualpace_hw.executors.sampling import Sampler, SamplingParams
 from dualpace_hw.memory.kv import PagedKVPool
