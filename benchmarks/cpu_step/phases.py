@@ -34,7 +34,7 @@ import torch
 from benchmarks.profile_args import add_cpu_step_arguments, add_profile_arguments, profile_from
 from dualpace_hw.executors import cpu_executor
 from dualpace_hw.executors.cpu_executor import CpuExecutor, CpuStep
-from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.gpu import GpuExecutor
 from dualpace_hw.executors.model import Model, ModelWeights
 from dualpace_hw.executors.packed import pack_model
 from dualpace_hw.memory.kv import PagedKVPool

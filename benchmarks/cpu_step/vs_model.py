@@ -34,7 +34,7 @@ import torch
 
 from benchmarks.profile_args import add_cpu_step_arguments, add_profile_arguments, profile_from
 from dualpace_hw.executors.cpu_executor import CpuStep
-from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.gpu import GpuExecutor
 from dualpace_hw.executors.model import Model, ModelWeights
 from dualpace_hw.memory.kv import PagedKVPool
 from dualpace_hw.memory.tokens import TokenStore
@@ -43,7 +43,7 @@ from dualpace_hw.runtime.cpu_worker import CpuEngineProcess
 from dualpace_hw.runtime.engines import Engines
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs import CostModel
-from dualpace_sim.costs.fit import route_cost
+from dualpace_sim.costs.fit.thresholds import route_cost
 
 ROUTES = (Route.FUSED_ASSIST, Route.FULL_CPU, Route.SPLIT_FINAL)  # the open gap first
 

@@ -35,7 +35,7 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.profile_args import add_profile_arguments, profile_from
-from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.gpu import GpuExecutor
 from dualpace_hw.executors.model import Model, ModelWeights
 from dualpace_hw.memory.kv import PagedKVPool
 from dualpace_hw.memory.tokens import TokenStore

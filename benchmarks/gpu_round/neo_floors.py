@@ -26,7 +26,7 @@ import torch
 
 from benchmarks.gpu_round.host_floor import median_s
 from benchmarks.profile_args import add_profile_arguments, profile_from
-from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.gpu import GpuExecutor
 from dualpace_hw.executors.model import Model, ModelWeights
 from dualpace_hw.memory.kv import PagedKVPool
 from dualpace_hw.memory.tokens import TokenStore

@@ -32,7 +32,7 @@ import time
 import torch
 
 from benchmarks.profile_args import add_profile_arguments, profile_from
-from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.gpu import GpuExecutor
 from dualpace_hw.executors.model import ModelWeights
 from dualpace_hw.memory.tokens import TokenStore
 from dualpace_hw.profiler.measure import decode_plan

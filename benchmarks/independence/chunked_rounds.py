@@ -30,7 +30,7 @@ from benchmarks.independence.cpu_engine import (
     engine_beside,
     gpu_plan,
 )
-from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.gpu import GpuExecutor
 from dualpace_hw.executors.model import Model, ModelWeights
 from dualpace_hw.memory.kv import PagedKVPool
 from dualpace_hw.memory.tokens import TokenStore

@@ -33,7 +33,7 @@ import time
 import torch
 
 from dualpace_hw.executors.cpu_executor import CpuExecutor, CpuStep
-from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.gpu import GpuExecutor
 from dualpace_hw.executors.model import Model, ModelWeights
 from dualpace_hw.executors.packed import pack_model
 from dualpace_hw.memory.kv import PagedKVPool

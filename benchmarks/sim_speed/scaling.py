@@ -39,7 +39,7 @@ def one_point(policy: str, rate: float, n: int) -> dict:
     import yaml
 
     from dualpace_sim.config.scenario import load_scenario
-    from dualpace_sim.plots.figures import plot_timeline
+    from dualpace_sim.plots.runs import plot_timeline
     from dualpace_sim.results.metrics import summarize
     from dualpace_sim.results.node_series import write_series
     from dualpace_sim.results.records import PolicyRecords, write_policy_records

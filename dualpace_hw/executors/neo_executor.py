@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dualpace_hw.executors.gpu_executor import Batch, GpuExecutor
+from dualpace_hw.executors.gpu import Batch, GpuExecutor
+from dualpace_hw.executors.model import greedy
 from dualpace_hw.kernels.cpu_attention import (
     cpu_paged_decode_attention,
     load_extension,
@@ -249,12 +250,12 @@ class NeoExecutor:
         batch = self.gpu.prepare(GpuPlan(decodes=sb.gpu_decodes, prefills=chunks),
                                  external=sb.cpu_decodes)
         cpu = CpuRows.of(sb.cpu_decodes, self.block_size) if sb.cpu_decodes else None
-        return _Part(batch, cpu, self.gpu.embed(batch))
+        return _Part(batch, cpu, self.gpu.kernels.embed(batch))
 
     def _qkv(self, layer: int, p: _Part, index: int, waits: list) -> None:
         """Pre-attention of `layer`; the CPU decodes' q/k/v leave for the host and their
         attention starts on the worker as soon as they land."""
-        p.q, p.k, p.v = self.gpu.qkv(layer, p.h, p.batch)
+        p.q, p.k, p.v = self.gpu.kernels.pre_attn(layer, p.h, p.batch)
         if p.cpu is None:
             return
         rows = slice(p.n_gpu, None)
@@ -262,7 +263,7 @@ class NeoExecutor:
         p.pending = self.cpu.submit(layer, p.cpu, q, k, v, waits + ready)
 
     def _gpu_attention(self, layer: int, p: _Part, copies: CopyGroup) -> None:
-        p.o = self.gpu.gpu_attention(layer, p.q, p.k, p.v, p.batch, copies)
+        p.o = self.gpu.kernels.attention(layer, p.q, p.k, p.v, p.batch, copies)
         p.q = p.k = p.v = None
 
     def _post(self, layer: int, p: _Part, index: int) -> None:
@@ -271,14 +272,14 @@ class NeoExecutor:
             o_cpu = p.pending.result()
             p.pending = None
             self.link.to_gpu(index, o_cpu, p.o[p.n_gpu:])
-        p.h = self.gpu.post_attention(layer, p.o, p.h)
+        p.h = self.gpu.kernels.post_attn(layer, p.o.view(p.o.shape[0], -1), p.h)
         p.o = None
 
     def _tokens(self, parts: list[_Part]) -> dict[int, int]:
         hidden = [p.h if p.batch.sample_rows is None else p.h.index_select(0, p.batch.sample_rows)
                   for p in parts]
         ids = [i for p in parts for i in p.batch.sample_req_ids]
-        tokens = self.gpu.greedy_tokens(torch.cat(hidden)).tolist()
+        tokens = greedy(self.gpu.model.post_layer(torch.cat(hidden))).tolist()
         return dict(zip(ids, tokens, strict=True))
 
     # -------------------------------------------------------------------- the two modes

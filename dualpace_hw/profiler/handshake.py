@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.gpu import GpuExecutor
 from dualpace_hw.memory.shm import ArenaHandle, SharedArena
 from dualpace_hw.runtime.cpu_worker import ASSIST_KINDS, AssistBuffers
 from dualpace_hw.runtime.processes import on_cores, spawn, stop

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import torch
 
 from dualpace_hw import hostinfo
-from dualpace_hw.executors.gpu_executor import ForwardState
+from dualpace_hw.executors.gpu import ForwardState
 from dualpace_hw.executors.model import Dense, Model, ModelWeights, greedy
 from dualpace_hw.kernels.attention import paged_decode_attention as torch_decode
 from dualpace_hw.kernels.attention import prefill_attention
@@ -172,7 +172,7 @@ class Measurer:
     def _gpu_batch(self, n: int):
         """The GPU executor's own batch of `n` one-token rows (slots in the pool), so the
         stage timings below run the executor's kernels (fused on CUDA)."""
-        from dualpace_hw.executors.gpu_executor import GpuExecutor
+        from dualpace_hw.executors.gpu import GpuExecutor
         from dualpace_hw.memory.tokens import TokenStore
         from dualpace_sim.core import GpuPlan, Request
 
@@ -185,17 +185,17 @@ class Measurer:
         ex = GpuExecutor(self.gpu, self.gpu_pool, tokens, cuda_graphs=False)
         batch = ex.prepare(plan)
         state = ForwardState()
-        ex._pre_layer(batch, state)
+        ex.kernels.pre_layer(batch, state)
         return ex, batch, state
 
     def gpu_pre_attn(self, n: int) -> float:
         ex, batch, state = self._gpu_batch(n)
-        return self.gpu_t.graphed(lambda: ex._pre_attn(0, state.hidden, batch))
+        return self.gpu_t.graphed(lambda: ex.kernels.pre_attn(0, state.hidden, batch))
 
     def gpu_post_attn(self, n: int) -> float:
         ex, _, _ = self._gpu_batch(1)
         a, r = self._attn(n, self.gpu_device), self._hidden(n, self.gpu_device)
-        return self.gpu_t.graphed(lambda: ex._post_attn(0, a, r))
+        return self.gpu_t.graphed(lambda: ex.kernels.post_attn(0, a, r))
 
     def gpu_pre_layer(self, n: int) -> float:
         ids = torch.randint(0, self.shape.vocab_size, (n,), device=self.gpu_device)
@@ -268,7 +268,7 @@ class Measurer:
 
     def assist_executor(self):
         if self._assist is None:
-            from dualpace_hw.executors.gpu_executor import GpuExecutor
+            from dualpace_hw.executors.gpu import GpuExecutor
             from dualpace_hw.memory.tokens import TokenStore
 
             self._assist = GpuExecutor(self.gpu, self.gpu_pool, TokenStore())
@@ -321,7 +321,7 @@ class Measurer:
     def iteration_overhead(self) -> float:
         """Host-side work of one round: the GPU executor turning a 64-request decode plan
         into device tensors (the scheduler's own time is not in the profile)."""
-        from dualpace_hw.executors.gpu_executor import GpuExecutor
+        from dualpace_hw.executors.gpu import GpuExecutor
         from dualpace_hw.memory.tokens import TokenStore
 
         tokens = TokenStore()
@@ -352,7 +352,7 @@ class Measurer:
         return self._eager_layer_of(chunk=False)
 
     def _eager_layer_of(self, chunk: bool, runtime: bool = False) -> float:
-        from dualpace_hw.executors.gpu_executor import GpuExecutor
+        from dualpace_hw.executors.gpu import GpuExecutor
         from dualpace_hw.memory.migrate import CopyGroup
         from dualpace_hw.memory.tokens import TokenStore
 
@@ -368,8 +368,8 @@ class Measurer:
             fw.stages[0]()  # the inputs loaded, the pre-layer run
             return self.gpu_t(fw.stages[1])
         batch, state, copies = ex.prepare(plan), ForwardState(), CopyGroup()
-        ex._pre_layer(batch, state)
-        return self.gpu_t(lambda: ex._layer(0, batch, state, copies))
+        ex.kernels.pre_layer(batch, state)
+        return self.gpu_t(lambda: ex.kernels.layer(0, batch, state, copies))
 
     def neo_launch_s(self) -> float:
         """NEO's lnch_T: the fixed cost of one CPU attention call (a one-token batch)."""

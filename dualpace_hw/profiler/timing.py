@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dualpace_hw.executors.gpu_executor import no_collection
+from dualpace_hw.executors.gpu.graphs import no_collection
 
 
 @dataclass(frozen=True)

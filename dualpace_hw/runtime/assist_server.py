@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from dualpace_hw.executors.gpu_executor import Forward, GpuExecutor
+from dualpace_hw.executors.gpu import Forward, GpuExecutor
 from dualpace_hw.runtime.cpu_worker import AssistBlock
 from dualpace_hw.runtime.engines import Engines
 from dualpace_sim.costs.calibrate import AssistCall

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.gpu import GpuExecutor
 from dualpace_hw.executors.model import Model, ModelWeights
 from dualpace_hw.memory.kv import PagedKVPool
 from dualpace_hw.memory.tokens import TokenStore

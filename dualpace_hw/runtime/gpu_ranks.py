@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dualpace_hw.executors.gpu_executor import Forward, GpuExecutor, Round
+from dualpace_hw.executors.gpu import Forward, GpuExecutor, Round
 from dualpace_hw.executors.model import Model, ModelWeights
 from dualpace_hw.executors.tp import all_reduce, shard_shape, shard_weights
 from dualpace_hw.memory.command_ring import CommandRing, RingReader, RingRefs

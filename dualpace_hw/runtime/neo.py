@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.gpu import GpuExecutor
 from dualpace_hw.executors.model import Model
 from dualpace_hw.executors.neo_executor import IterationTimes, NeoExecutor
 from dualpace_hw.memory.kv import PagedKVPool

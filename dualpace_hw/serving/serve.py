@@ -24,7 +24,7 @@ from dualpace_sim.config.scenario import LoadedScenario
 from dualpace_sim.core.journal import JOURNAL_FILE
 from dualpace_sim.core.policies import POLICIES, policy_named, resolve
 from dualpace_sim.costs.shapes import ModelShape
-from dualpace_sim.plots.figures import plot_timeline
+from dualpace_sim.plots.runs import plot_timeline
 from dualpace_sim.results.node_series import (
     NodeSeries,
     busy_shares,

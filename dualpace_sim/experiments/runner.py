@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dualpace_sim.common.progress import progress_bar
 from dualpace_sim.config.scenario import LoadedScenario, load_scenario
-from dualpace_sim.plots.figures import plot_timeline
+from dualpace_sim.plots.runs import plot_timeline
 from dualpace_sim.results.node_series import UTILISATION_KEYS, record_series_counters, write_series
 from dualpace_sim.results.outputs import write_json
 from dualpace_sim.results.provenance import parquet_metadata, provenance, scenario_hash

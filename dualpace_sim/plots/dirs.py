@@ -1,6 +1,6 @@
 """`dualpace-sim plot`: the figures of a result directory (a run, a sweep, several sweeps
 compared), read from its files. The figures themselves are drawn by
-:mod:`dualpace_sim.plots.figures`
+:mod:`dualpace_sim.plots.runs`, :mod:`dualpace_sim.plots.sweeps`
 and :mod:`dualpace_sim.plots.serving`; this module reads the directories and lays the figures
 out, so neither of those needs to know where results live.
 """
@@ -14,22 +14,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dualpace_sim.plots.figures import (
-    default_timeline_rate,
-    plot_latency_cdf,
-    plot_latency_vs_rate,
-    plot_p99_vs_rate,
-    plot_sensitivity,
-    plot_sweep_comparison,
-    plot_timeline,
-    series_table,
-)
+from dualpace_sim.plots.runs import plot_latency_cdf, plot_timeline
 from dualpace_sim.plots.serving import (
     plot_latency_cdfs_by_rate,
     plot_state_over_time,
     plot_throughput_vs_rate,
     plot_utilisation_vs_rate,
 )
+from dualpace_sim.plots.sweeps import (
+    plot_latency_vs_rate,
+    plot_p99_vs_rate,
+    plot_sensitivity,
+    plot_sweep_comparison,
+)
+from dualpace_sim.plots.tables import default_timeline_rate, series_table
 from dualpace_sim.results.metrics import longest_cpu_stall_interval
 from dualpace_sim.results.node_series import UTILISATION_KEYS, read_series
 from dualpace_sim.results.records import partial_policies, read_records

@@ -11,28 +11,22 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from dualpace_sim.costs.fit import (
+from dualpace_sim.costs.fit import FitResult
+from dualpace_sim.costs.fit.thresholds import (
     FULL,
     FUSED,
     ROUTES,
     SPLIT,
-    FitResult,
     RoutingCosts,
     choose_thresholds,
     route_scores,
     shift_assist_wait,
 )
+from dualpace_sim.plots.layout import new_figure
 
 ROUTE_COLORS = {FULL: "tab:blue", SPLIT: "tab:orange", FUSED: "tab:green"}
-
-
-def _new_figure(size: tuple[float, float]) -> Figure:
-    fig = Figure(figsize=size, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
 
 
 def _save(fig: Figure, out_stem: Path | str) -> list[Path]:
@@ -131,7 +125,7 @@ def _prefill_by_tokens_panel(ax, result: FitResult) -> None:
 
 def plot_fit(result: FitResult, out_stem: Path | str, *, title: str | None = None) -> list[Path]:
     """Figure 7's four panels in one 2x2 figure; writes ``out_stem``.png and .pdf."""
-    fig = _new_figure((12, 8.5))
+    fig = new_figure((12, 8.5))
     (a, b), (c, d) = fig.subplots(2, 2)
     _routing_panel(a, result)
     _cpu_panel(b, result)
@@ -155,7 +149,7 @@ def plot_post_attn_crossover(
     """One post-attention stage: CPU-local t_p(b) against assisted t̄_p(b) + λ·d_p(b), the latter
     for several extra control-path waits added to q_x (a busy GPU's stage-boundary wait), with
     the (P, F) that Algorithm 1 picks for each; writes ``out_stem``.png and .pdf."""
-    fig = _new_figure((7.5, 4.8))
+    fig = new_figure((7.5, 4.8))
     ax = fig.subplots()
     base = route_scores(costs, batch_sizes, lambda_gpu)
     ax.plot(base.batch_sizes, np.asarray(base.post_attn_local()) * 1e3, color="k", lw=2,

@@ -3,7 +3,7 @@ offered rate, per-engine utilisation, latency CDFs at each swept rate, and what 
 over time (queues, KV on each tier).
 
 Each takes the tables or records `dualpace-sim plot` reads and writes PNG and PDF, through
-:mod:`dualpace_sim.plots.figures`' figure helpers (one shared legend, bands over seeds).
+:mod:`dualpace_sim.plots.layout`'s frame (one shared legend) and the sweeps' bands over seeds.
 """
 
 from __future__ import annotations
@@ -13,10 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dualpace_sim.plots.figures import (
-    RATE_LABEL,
-    draw_band,
-    empirical_cdf,
+from dualpace_sim.plots.layout import (
     log_if_decades,
     new_figure,
     policy_colors,
@@ -24,6 +21,8 @@ from dualpace_sim.plots.figures import (
     say_empty,
     setting_colors,
 )
+from dualpace_sim.plots.sweeps import RATE_LABEL, draw_band
+from dualpace_sim.plots.tables import empirical_cdf
 from dualpace_sim.results.metrics import itl_values, latency_values
 from dualpace_sim.results.node_series import UTILISATION_KEYS, NodeSeries, held_at
 from dualpace_sim.results.token_spans import TokenSpans

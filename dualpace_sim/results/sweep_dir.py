@@ -4,7 +4,7 @@ Where each point of a sweep lives (``DIR/points/<policy>@<rate>[,<key>=<value>..
 columns of ``sweep.csv``, and what reads a finished sweep (plots, studies, comparisons). Kept
 apart from :mod:`dualpace_sim.experiments.sweep`, which runs the simulator, so that a reader of
 results
-(:mod:`dualpace_sim.plots.figures`) needs nothing that simulates.
+(:mod:`dualpace_sim.plots.sweeps`) needs nothing that simulates.
 """
 
 from __future__ import annotations

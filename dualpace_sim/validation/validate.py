@@ -36,7 +36,7 @@ from dualpace_sim.config.scenario import LoadedScenario, load_scenario
 from dualpace_sim.core.journal import JournalError
 from dualpace_sim.costs.profile import Controls, Profile, load_profile
 from dualpace_sim.experiments.runner import simulate
-from dualpace_sim.plots.figures import plot_latency_cdf_overlay, plot_timeline_overlay
+from dualpace_sim.plots.runs import plot_latency_cdf_overlay, plot_timeline_overlay
 from dualpace_sim.results.metrics import summarize
 from dualpace_sim.results.outputs import write_json
 from dualpace_sim.results.provenance import RUN_PROFILE, parquet_metadata, provenance, scenario_hash

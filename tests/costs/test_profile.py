@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -9,7 +11,10 @@ from dualpace_sim.costs import (
     load_spec,
     synthesize,
 )
-from dualpace_sim.costs.profile import QUICK_NOTE
+from dualpace_sim.costs.profile import QUICK_NOTE, Controls, check_magnitudes
+
+ROOT = Path(__file__).resolve().parents[2]
+RTX4090 = ROOT / "calibration/roofline/rtx4090-xeon4510-12c/llama-3.1-8b.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +129,25 @@ def test_a_profile_says_whether_it_is_a_quick_one(tmp_path, tiny_profile, proven
     data = tiny_profile.model_dump(mode="json", exclude_none=True)
     data["provenance"] = {"method": "measured", "date": "2026-12-01", **provenance}
     assert load_profile(_write(tmp_path, data)).provenance.is_quick() is quick
+
+
+def test_controls_fit_schema_is_strict():
+    fit = {"epsilon": 0.0025, "lambda_gpu": 1.0, "k": 5, "delta": 0.01, "date": "2026-12-01"}
+    Controls.model_validate({"route_p": 32, "route_f": 16, "fit": fit})
+    with pytest.raises(ValueError, match="extra"):
+        Controls.model_validate({"fit": {**fit, "lamda": 1}})
+    with pytest.raises(ValueError):
+        Controls.model_validate({"fit": {**fit, "delta": 1.5}})
+
+
+def test_milliseconds_are_detected():
+    rtx = load_profile(RTX4090)
+    data = rtx.model_dump(mode="json")
+    data["gpu"]["post_attn"]["y"] = [v * 1e3 for v in data["gpu"]["post_attn"]["y"]]
+    ms = type(rtx).model_validate(data)
+    with pytest.raises(ProfileError, match=r"^x\.yaml: gpu\.post_attn\.y: .*expected seconds"):
+        check_magnitudes(ms, "x.yaml")
+    data = rtx.model_dump(mode="json")
+    data["link"]["h2d_bytes_per_s"] = 25.2
+    with pytest.raises(ProfileError, match="link.h2d_bytes_per_s: .*bytes per second"):
+        check_magnitudes(type(rtx).model_validate(data), "x.yaml")

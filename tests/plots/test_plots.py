@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dualpace_sim.plots.figures import plot_latency_cdf, plot_timeline
+from dualpace_sim.plots.runs import plot_latency_cdf, plot_timeline
 from dualpace_sim.results.records import records_frame
 
 
@@ -40,7 +40,8 @@ from typer.testing import CliRunner  # noqa: E402
 
 from dualpace_sim.cli.main import app  # noqa: E402
 from dualpace_sim.plots.dirs import match_rate  # noqa: E402
-from dualpace_sim.plots.figures import default_timeline_rate, plot_sensitivity  # noqa: E402
+from dualpace_sim.plots.sweeps import plot_sensitivity  # noqa: E402
+from dualpace_sim.plots.tables import default_timeline_rate  # noqa: E402
 from dualpace_sim.results.records import write_records  # noqa: E402
 from dualpace_sim.results.sweep_dir import SWEEP_COLUMNS, point_dir  # noqa: E402
 

@@ -12,10 +12,13 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-import dualpace_sim.plots.figures as plots
+import dualpace_sim.plots.layout as layout
+import dualpace_sim.plots.runs as run_plots
 import dualpace_sim.plots.serving as serving_plots
+import dualpace_sim.plots.sweeps as sweep_plots
 from dualpace_sim.cli.main import app
 from dualpace_sim.experiments.sweep import run_sweep
+from dualpace_sim.plots.tables import series_table
 from dualpace_sim.results.node_series import ENGINES, read_series
 from dualpace_sim.results.records import records_frame
 
@@ -65,7 +68,7 @@ def test_seeded_sweeps_are_drawn_with_bands(write_scenario, tmp_path):
                           sweep={"rates": [2.0, 6.0], "seeds": [1, 2, 3]})
     run_sweep(path, tmp_path / "sw", workers=1, progress=False)
     table = pd.read_csv(tmp_path / "sw" / "sweep.csv")
-    series = plots.series_table(table)
+    series = series_table(table)
     assert len(series) == 2 and "workload.seed" not in series.columns
     row = series.iloc[1]
     assert row["p99_ttft_s_ci_low"] <= row["p99_ttft_s"] <= row["p99_ttft_s_ci_high"]
@@ -79,14 +82,14 @@ def test_seeded_sweeps_are_drawn_with_bands(write_scenario, tmp_path):
 def figures(monkeypatch):
     """Every figure the plot functions save, kept for inspection."""
     kept = []
-    real = plots.save_figure
+    real = layout.save_figure
 
     def keep(fig, out_stem):
         kept.append(fig)
         return real(fig, out_stem)
 
-    monkeypatch.setattr(plots, "save_figure", keep)
-    monkeypatch.setattr(serving_plots, "save_figure", keep)
+    for module in (run_plots, sweep_plots, serving_plots):
+        monkeypatch.setattr(module, "save_figure", keep)
     return kept
 
 
@@ -98,7 +101,7 @@ def gpu_only_frame():
 
 
 def test_an_unused_cpu_panel_says_so_instead_of_a_flat_line(figures, tmp_path):
-    plots.plot_timeline({"vllm": gpu_only_frame()}, tmp_path / "t", annotate_stalls=True)
+    run_plots.plot_timeline({"vllm": gpu_only_frame()}, tmp_path / "t", annotate_stalls=True)
     _, cpu_ax = figures[0].axes
     assert not cpu_ax.get_lines()
     assert [t.get_text() for t in cpu_ax.texts] == ["no CPU-decoded tokens"]
@@ -108,7 +111,7 @@ def test_one_shared_legend_below_the_panels_and_mathtext(figures, tmp_path):
     table = pd.DataFrame({"policy": ["a", "a", "b", "b"], "rate": [1.0, 2.0, 1.0, 2.0],
                           "p99_ttft_s": [1, 6, 2, 7.0], "p99_itl_s": [0.1, 2, 0.2, 3.0],
                           "p99_tpot_s": [0.1, 2, 0.3, 3.0]})
-    plots.plot_p99_vs_rate(table, tmp_path / "p", {"p99_ttft_s": 5.0, "p99_itl_s": 1.5,
+    sweep_plots.plot_p99_vs_rate(table, tmp_path / "p", {"p99_ttft_s": 5.0, "p99_itl_s": 1.5,
                                                    "p99_tpot_s": 1.0})
     fig = figures[0]
     assert len(fig.legends) == 1 and all(ax.get_legend() is None for ax in fig.axes)

@@ -18,7 +18,7 @@ from dualpace_sim.core.neo import NeoPlan, layer_time
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs.calibrate import ASSISTS_FILE, read_assist_calls
 from dualpace_sim.costs.cpu_step_records import CPU_STEPS_FILE, CpuStepRecord, read_cpu_steps
-from dualpace_sim.costs.fit import route_cost
+from dualpace_sim.costs.fit.thresholds import route_cost
 from dualpace_sim.results.replay import journal_calls
 from dualpace_sim.results.served_rounds import ServedRound, served_rounds
 from dualpace_sim.sim.neo import executed_layer_s

@@ -13,7 +13,7 @@ import torch
 
 from dualpace_hw.executors.checkpoint import CheckpointError, load_checkpoint
 from dualpace_hw.executors.cpu_executor import CpuExecutor, CpuStep
-from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.gpu import GpuExecutor
 from dualpace_hw.executors.model import Model
 from dualpace_hw.executors.packed import pack_model
 from dualpace_hw.memory.kv import PagedKVPool

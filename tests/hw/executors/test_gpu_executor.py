@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.gpu import GpuExecutor
 from dualpace_hw.executors.model import Model, ModelWeights, greedy
 from dualpace_hw.executors.tp import shard_shape
 from dualpace_hw.kernels.attention import gather_kv, paged_decode_attention
@@ -576,10 +576,10 @@ def test_swapped_out_decoded_on_the_cpu_executor_and_back_gives_the_same_tokens(
 def test_warm_graph_keys_cover_every_decode_round_a_run_can_reach():
     """Warm-up captures the graphs a run will use, so no decode round pays for a capture on the
     clock (on the H200 box each first use of a bucket took 45-160 ms)."""
-    from dualpace_hw.executors.gpu_executor import (
-        _BATCH_BUCKETS,
-        _TABLE_BUCKETS,
-        _bucket,
+    from dualpace_hw.executors.gpu.graphs import (
+        BATCH_BUCKETS,
+        TABLE_BUCKETS,
+        bucket,
         decode_graph_keys,
     )
 
@@ -587,7 +587,7 @@ def test_warm_graph_keys_cover_every_decode_round_a_run_can_reach():
     assert len(keys) == len(set(keys)) == 12 * 5  # batch buckets to 160, widths to 256 blocks
     for rows in range(1, 151):
         for blocks in range(1, 137):
-            assert (_bucket(rows, _BATCH_BUCKETS), _bucket(blocks, _TABLE_BUCKETS)) in keys
+            assert (bucket(rows, BATCH_BUCKETS), bucket(blocks, TABLE_BUCKETS)) in keys
     capped = decode_graph_keys(4096, 32768, 16, most=20)
     assert len(capped) == 20 and capped[0] == (1, 16)  # small batches first
     assert decode_graph_keys(1, 0, 16) == [(1, 16)]
@@ -612,7 +612,7 @@ def test_graph_captures_on_the_clock_are_counted_and_warmed_buckets_are_not(monk
     the warm-up covered every bucket the run reached (stand-ins for the CUDA graphs)."""
     from types import SimpleNamespace
 
-    from dualpace_hw.executors import gpu_executor
+    from dualpace_hw.executors.gpu import executor
 
     made: list[tuple[int, int]] = []
 
@@ -623,7 +623,7 @@ def test_graph_captures_on_the_clock_are_counted_and_warmed_buckets_are_not(monk
         def forward(self, flat):
             return flat
 
-    monkeypatch.setattr(gpu_executor, "_DecodeGraph", Graph)
+    monkeypatch.setattr(executor, "DecodeGraph", Graph)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 << 30, 80 << 30))
     ex = Box("tiny-llama", "cpu", torch.float32).ex
     ex.cuda = ex.cuda_graphs = True

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from dualpace_hw.executors.cpu_executor import CpuExecutor, CpuStep
-from dualpace_hw.executors.gpu_executor import GpuExecutor
+from dualpace_hw.executors.gpu import GpuExecutor
 from dualpace_hw.executors.model import Model, ModelWeights
 from dualpace_hw.executors.tp import all_reduce, shard_shape, shard_weights
 from dualpace_hw.memory.kv import PagedKVPool

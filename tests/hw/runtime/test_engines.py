@@ -479,7 +479,7 @@ def test_replaying_the_journal_reproduces_every_decision(tmp_path):
 
 def test_warm_up_captures_the_graphs_of_the_runs_largest_batch_and_context(tmp_path,
                                                                            monkeypatch):
-    from dualpace_hw.executors.gpu_executor import GpuExecutor
+    from dualpace_hw.executors.gpu import GpuExecutor
 
     asked: list[tuple[int, int]] = []
     real = GpuExecutor.warm_graphs

@@ -50,7 +50,7 @@ class _Sent:
 def test_every_rank_captures_the_graphs_rank_0_does_in_its_order(monkeypatch):
     """A capture's warm-up runs the round's all-reduces: the other ranks must capture the same
     bucket at the same time, so rank 0 sends each before capturing it."""
-    from dualpace_hw.executors.gpu_executor import GpuExecutor
+    from dualpace_hw.executors.gpu import GpuExecutor
 
     events: list[str] = []
     lead = object.__new__(LeadExecutor)

@@ -1,46 +1,21 @@
-"""Profile-guided controls: Algorithm 1, the routing scores, the plateau and CPU-limit fits."""
+"""The routing thresholds (P, F): the route scores of Eq. 6-8 and Algorithm 1 over them."""
 
 import math
-from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dualpace_sim.core.routing import check_thresholds
-from dualpace_sim.core.routing import route_for as core_route_for
-from dualpace_sim.costs import CostModel, load_profile
-from dualpace_sim.costs.fit import (
+from dualpace_sim.core.routing import check_thresholds, route_for
+from dualpace_sim.costs.fit.thresholds import (
     FULL,
     FUSED,
     SPLIT,
-    FitError,
-    _pav,
     choose_thresholds,
-    cpu_iteration_time,
-    cpu_latency_limit,
-    cpu_limit_from_curves,
-    fit_controls,
-    isotonic_increasing,
-    route_for,
     route_scores,
     shift_assist_wait,
     threshold_candidates,
-    token_limit_from_curve,
-    with_controls,
 )
-from dualpace_sim.costs.profile import Controls, ProfileError, check_magnitudes
-
-ROOT = Path(__file__).resolve().parents[2]
-RTX4090 = ROOT / "calibration/roofline/rtx4090-xeon4510-12c/llama-3.1-8b.yaml"
-COMMITTED = sorted((ROOT / "calibration/roofline").glob("*/*.yaml"))
-
-
-@pytest.fixture(scope="module")
-def rtx():
-    return load_profile(RTX4090)
-
 
 # --- Algorithm 1 ---------------------------------------------------------------------------------
 
@@ -123,14 +98,8 @@ def test_choice_is_legal_and_obeys_the_rules(full, split, fused, n, eps):
         assert (c.avg_calls, c.score) >= (choice.avg_calls, choice.score)
     # the reported score is the mean along π_{P,F}
     table = {FULL: full, SPLIT: split, FUSED: fused}
-    mean = sum(table[route_for(b, choice.p, choice.f)][i] for i, b in enumerate(bs)) / len(bs)
+    mean = sum(table[route_for(b, choice.p, choice.f).value][i] for i, b in enumerate(bs)) / len(bs)
     assert choice.score == pytest.approx(mean)
-
-
-@pytest.mark.parametrize(("p", "f"), [(0, 0), (32, 16), (32, 0), (8, 7)])
-def test_route_rule_matches_the_simulator(p, f):
-    for b in range(1, 70):
-        assert route_for(b, p, f) == core_route_for(b, p, f).value
 
 
 def test_bad_score_tables_are_refused():
@@ -216,151 +185,3 @@ def test_rtx4090_roofline_assists_everywhere(rtx):
                                              strict=True))
     choice = choose_thresholds(r.batch_sizes, r, r.n_layers, 0.0025)
     assert (choice.p, choice.f) == (0, 0)
-
-
-# --- isotonic fit and the GPU token limit --------------------------------------------------------
-
-
-@settings(max_examples=80, deadline=None)
-@given(st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=30))
-def test_isotonic_fit_is_non_decreasing_least_squares(ys):
-    fitted = isotonic_increasing(ys)
-    assert np.all(np.diff(fitted) >= -1e-9 * (1 + np.abs(fitted[:-1])))
-    assert fitted.sum() == pytest.approx(sum(ys), abs=1e-6 * (1 + sum(map(abs, ys))))
-    assert np.allclose(_pav(ys), fitted, rtol=1e-9, atol=1e-9)
-
-
-def test_isotonic_keeps_a_monotone_curve_and_pools_violators():
-    assert list(isotonic_increasing([1.0, 2.0, 2.0, 5.0])) == [1.0, 2.0, 2.0, 5.0]
-    assert list(_pav([1.0, 3.0, 2.0, 4.0])) == [1.0, 2.5, 2.5, 4.0]
-    assert list(_pav([3.0, 2.0, 1.0])) == [2.0, 2.0, 2.0]
-
-
-TOKENS = [2**i for i in range(4, 17)]  # 16..65536
-
-
-def _knee_curve(knee: int) -> list[float]:
-    return [300e3 * min(n / knee, 1.0) for n in TOKENS]
-
-
-@pytest.mark.parametrize("knee", [256, 1024, 4096])
-def test_plateau_knee_exact(knee):
-    fit = token_limit_from_curve(TOKENS, _knee_curve(knee), k=5, delta=0.01)
-    assert fit.limit == knee
-    assert fit.plateau == pytest.approx(300e3)
-
-
-def test_plateau_knee_noisy_and_declining_tail():
-    rng = np.random.default_rng(7)
-    clean = np.array(_knee_curve(1024))
-    clean[-3:] *= [0.98, 0.96, 0.93]  # attention-heavy shapes fall off, as in panel (d)
-    noisy = clean * (1 + rng.normal(0, 0.003, clean.size))
-    fit = token_limit_from_curve(TOKENS, noisy, k=5, delta=0.01)
-    assert 512 <= fit.limit <= 2048
-    assert np.all(np.diff(fit.fitted) >= 0)
-    assert fit.plateau == pytest.approx(np.mean(fit.fitted[-5:]))
-
-
-def test_plateau_needs_k_points():
-    with pytest.raises(FitError, match="at least k=5"):
-        token_limit_from_curve([1, 2, 4], [1.0, 2.0, 3.0], k=5)
-
-
-# --- CPU decode batch limit ----------------------------------------------------------------------
-
-CPU_BS = [2**i for i in range(11)]  # 1..1024
-
-
-def test_cpu_limit_peaked_curve_picks_the_peak():
-    # throughput rises to a peak at 256 then falls (cache/bandwidth contention), per context
-    curves = [[b / (1 + (b / 256) ** 2) * s for b in CPU_BS] for s in (1.0, 0.7, 0.4)]
-    pick = cpu_limit_from_curves(CPU_BS, curves, delta=0.01)
-    assert pick.best == 256 and pick.limit == 256
-    assert pick.best_per_context == [256, 256, 256]
-
-
-def test_cpu_limit_saturating_curve_takes_the_smallest_within_delta():
-    curves = [[b / (b + c) for b in CPU_BS] for c in (4.0, 8.0)]
-    pick = cpu_limit_from_curves(CPU_BS, curves, delta=0.01)
-    assert pick.best == 1024
-    mean = np.asarray(pick.mean_normalized)
-    i = CPU_BS.index(pick.limit)
-    assert mean[i] >= 0.99 * mean.max() > mean[i - 1]
-
-
-def test_cpu_latency_cap(rtx):
-    cm = CostModel(rtx)
-    cap = cpu_latency_limit(cm, 0.5, 1024, 0, 0, max_batch=1024)
-    assert cpu_iteration_time(cm, cap, 1024, 0, 0) <= 0.5 < cpu_iteration_time(cm, cap + 1, 1024,
-                                                                               0, 0)
-    result = fit_controls(rtx, max_iteration_s=0.5, iteration_context=1024)
-    assert result.cpu.latency_limit == cap
-    assert result.cpu_batch_limit == min(cap, result.cpu.pick.limit)
-    tight = fit_controls(rtx, max_iteration_s=0.2)
-    assert tight.cpu_batch_limit == tight.cpu.latency_limit < tight.cpu.pick.limit
-    with pytest.raises(FitError, match="below even one request"):
-        fit_controls(rtx, max_iteration_s=1e-4)
-
-
-def test_cpu_iteration_time_follows_the_route(rtx):
-    cm = CostModel(rtx)
-    b, ctx = 16, 512
-    pre = cm.cpu_pre_layer(b) + cm.cpu_iteration_overhead + 32 * cm.cpu_layer_local(b, b * ctx)
-    full = pre + 32 * cm.cpu_post_attn(b) + cm.cpu_post_layer(b)
-    assert cpu_iteration_time(cm, b, ctx, 32, 16) == pytest.approx(full)
-    assert cpu_iteration_time(cm, b, ctx, 0, 0) < full  # Fused-Assist on this roofline
-
-
-# --- the whole fit -------------------------------------------------------------------------------
-
-
-def test_fit_rtx4090_roofline(rtx):
-    result = fit_controls(rtx)
-    assert result.controls() == {"route_p": 0, "route_f": 0, "gpu_token_limit": 512,
-                                 "cpu_batch_limit": 152}
-    assert result.lines()[0] == "route_p=0"
-    assert result.prefill.fit.tokens[-1] == 16384  # grid stays inside the GPU token tables
-    assert math.isnan(result.prefill.throughput[-1][-1])  # 64 x 4096 is beyond them
-
-
-@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_fit_every_committed_profile(path):
-    profile = load_profile(path)
-    check_magnitudes(profile, str(path))
-    result = fit_controls(profile)
-    check_thresholds(result.route_p, result.route_f)
-    assert result.gpu_token_limit in result.prefill.fit.tokens
-    assert result.cpu_batch_limit in result.cpu.batch_sizes
-
-
-def test_with_controls_fills_controls_and_keeps_provenance(rtx, tmp_path):
-    result = fit_controls(rtx, epsilon=0.01)
-    fitted = with_controls(rtx, result, date="2026-12-01")
-    assert fitted.provenance == rtx.provenance and rtx.controls is None
-    c = fitted.controls
-    assert (c.route_p, c.route_f, c.gpu_token_limit, c.cpu_batch_limit) == (0, 0, 512, 152)
-    assert (c.fit.epsilon, c.fit.lambda_gpu, c.fit.k, c.fit.delta) == (0.01, 1.0, 5, 0.01)
-    path = tmp_path / "p.yaml"
-    fitted.save(path)
-    assert load_profile(path) == fitted
-
-
-def test_controls_fit_schema_is_strict():
-    fit = {"epsilon": 0.0025, "lambda_gpu": 1.0, "k": 5, "delta": 0.01, "date": "2026-12-01"}
-    Controls.model_validate({"route_p": 32, "route_f": 16, "fit": fit})
-    with pytest.raises(ValueError, match="extra"):
-        Controls.model_validate({"fit": {**fit, "lamda": 1}})
-    with pytest.raises(ValueError):
-        Controls.model_validate({"fit": {**fit, "delta": 1.5}})
-
-
-def test_milliseconds_are_detected(rtx):
-    data = rtx.model_dump(mode="json")
-    data["gpu"]["post_attn"]["y"] = [v * 1e3 for v in data["gpu"]["post_attn"]["y"]]
-    ms = type(rtx).model_validate(data)
-    with pytest.raises(ProfileError, match=r"^x\.yaml: gpu\.post_attn\.y: .*expected seconds"):
-        check_magnitudes(ms, "x.yaml")
-    data = rtx.model_dump(mode="json")
-    data["link"]["h2d_bytes_per_s"] = 25.2
-    with pytest.raises(ProfileError, match="link.h2d_bytes_per_s: .*bytes per second"):
-        check_magnitudes(type(rtx).model_validate(data), "x.yaml")
