@@ -9,6 +9,8 @@ once the pool has churned. In served runs on the H200 box the attention phase ra
 table from 48 rows up (`docs/validation/README.md`, session 19). This times one step's
 attention (the same block table over every layer) per layer, in one process, for:
 
+* `profiler`: the profiler's own measurement (`decode_time` on `cpu_kv_pool`, its windows
+  of twice the last-level cache in turn, its timer): the figure the profile's table holds;
 * `private_contiguous`: the profiler's layout (a private pool, contiguous ids), two layers in
   turn: where two layers' KV fit the last-level cache it is read from there, which the
   profiler's windows (twice the cache) avoid, so small batches are not its figure;
@@ -39,6 +41,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
+from dualpace_hw import hostinfo
 from dualpace_hw.kernels.cpu_attention import (
     cpu_paged_decode_attention,
     hugepage_empty,
@@ -46,6 +49,9 @@ from dualpace_hw.kernels.cpu_attention import (
 )
 from dualpace_hw.memory.kv import PagedKVPool
 from dualpace_hw.memory.shm import SharedArena
+from dualpace_hw.profiler.grids import Grids
+from dualpace_hw.profiler.measure import cpu_kv_pool, decode_time
+from dualpace_hw.profiler.timing import Protocol, Timer
 from dualpace_sim.costs.shapes import ModelShape
 
 BLOCK = 16
@@ -111,6 +117,20 @@ def beside_dma(fn: Callable[[], float]) -> float:
         worker.join()
 
 
+def profiler_s(shape: ModelShape, blocks: int, batches: Sequence[int], context: int
+               ) -> dict[int, float]:
+    """Per layer, as `dualpace-hw profile` times the table's points (its pool, windows and
+    timer), at each batch of `context` tokens a request."""
+    cache = hostinfo.last_level_cache_bytes()
+    pool = cpu_kv_pool(shape, blocks, BLOCK, cache)
+    pool.data.fill_(0.01)
+    grids, timer = Grids.full(), Timer(torch.device("cpu"), Protocol())
+    out = {b: decode_time(shape, grids, cpu_paged_decode_attention, timer, pool, "cpu", b,
+                          b * context, cache) for b in batches}
+    del pool
+    return out
+
+
 def measure(shape: ModelShape, blocks: int, batches: Sequence[int], context: int,
             repeats: int, seed: int) -> dict[str, dict[str, float]]:
     gen = torch.Generator().manual_seed(seed)
@@ -124,12 +144,14 @@ def measure(shape: ModelShape, blocks: int, batches: Sequence[int], context: int
     contiguous = torch.arange(blocks, dtype=torch.int32)
     every, pair = range(shape.n_layers), [0, 1] * (shape.n_layers // 2 or 1)
     out: dict[str, dict[str, float]] = {}
+    profiled = profiler_s(shape, blocks, batches, context)
     for b in batches:
         uniform = [context] * b
         varlen = torch.randint(max(1, context // 5), 2 * context - context // 5 + 1, (b,),
                                generator=gen).tolist()
         scattered = torch.randperm(blocks, generator=gen).to(torch.int32)
         row = {
+            "profiler": profiled[b],
             "private_contiguous": per_layer_s(private, pair, uniform, contiguous, shape, repeats),
             "shared_contiguous": per_layer_s(shared, every, uniform, contiguous, shape, repeats),
             "shared_scattered": per_layer_s(shared, every, uniform, scattered, shape, repeats),
@@ -178,20 +200,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     kv_per_token = shape.n_kv_heads * shape.head_dim * 2 * 2
-    ratios = {b: {k: v / row["private_contiguous"] for k, v in row.items()}
+    ratios = {b: {k: v / row["profiler"] for k, v in row.items()}
               for b, row in per_layer.items()}
     report = {"command": "python -m benchmarks.kernels.kv_layout " + " ".join(
         sys.argv[1:] if argv is None else argv),
               "model": args.model, "blocks": args.blocks, "context": args.context,
               "cpu_cores": args.cpu_cores, "per_layer_s": per_layer,
-              "over_private_contiguous": ratios,
+              "over_profiler": ratios,
               "kv_bytes_per_layer": {b: int(b) * args.context * kv_per_token for b in per_layer}}
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     for b, row in ratios.items():
-        print(f"batch {b}: shared_scattered / private_contiguous = "
-              f"{row['shared_scattered']:.2f}, huge_scattered / private_contiguous = "
-              f"{row['huge_scattered']:.2f}")
+        print(f"batch {b}: over the profiler's figure, the runtime's pool "
+              f"{row['shared_scattered']:.2f}x (scattered ids), "
+              f"{row['shared_contiguous']:.2f}x (contiguous); huge pages "
+              f"{row['huge_scattered']:.2f}x")
     return 0
 
 

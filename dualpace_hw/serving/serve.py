@@ -321,8 +321,7 @@ def serve_real(loaded: LoadedScenario, checkpoint_path: Path, out: Path, policy:
     checkpoint = open_checkpoint(checkpoint_path, loaded)
     check_port(host, port)
     config = loaded.policy_config(policy)
-    pool = config.gpu_kv_blocks if policy == "vllm" else config.host_kv_blocks
-    max_context = pool * config.block_size  # a request's finish-peak must fit that pool
+    max_context = config.max_request_blocks * config.block_size  # its finish-peak must fit
     out.mkdir(parents=True, exist_ok=True)
     loaded.profile.save(out / RUN_PROFILE)
     runtime = build_runtime(loaded, policy, device, cpu_cores, cpu_tp=cpu_tp, dtype=dtype,

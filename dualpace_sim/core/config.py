@@ -35,6 +35,12 @@ class SchedulerConfig:
         check_thresholds(self.route_p, self.route_f)
 
     @property
+    def max_request_blocks(self) -> int:
+        """The pool a request's finish-peak must fit: the host's, where a CPU-owned request
+        may finish."""
+        return self.host_kv_blocks
+
+    @property
     def gpu_batch_tokens(self) -> int:
         """Tokens one GPU batch may carry: the tighter of the profiled and the hard limit."""
         return min(self.gpu_token_limit, self.gpu_hard_token_limit)

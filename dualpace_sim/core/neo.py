@@ -51,6 +51,12 @@ class NeoConfig:
             raise ValueError(f"neo.swap_in_fraction must be in (0, 1], got "
                              f"{self.swap_in_fraction}")
 
+    @property
+    def max_request_blocks(self) -> int:
+        """The pool a request's finish-peak must fit: the host's, where NEO's CPU queue
+        decodes."""
+        return self.host_kv_blocks
+
 
 @dataclass(slots=True)
 class _Budget:
@@ -212,6 +218,12 @@ class NeoScheduler:
     def submit(self, req: Request) -> None:
         self.waiting.append(req)
         self.n_submitted += 1
+
+    def state_row(self) -> tuple[int, ...]:
+        """`EngineState.state_row`'s columns: the waiting queue and the GPU and CPU decoding
+        queues; what NEO does not have is 0."""
+        return (len(self.waiting), 0, len(self.gpu_q), 0, len(self.cpu_q), self.hbm.used,
+                self.host.used, 0, 0)
 
     def _blocks(self, r: Request) -> int:
         """_get_block_needed: blocks for the KV this iteration leaves behind."""

@@ -64,6 +64,16 @@ class EngineState:
         self.rounds = RoundLog()  # when each engine emitted tokens (Request.spans index it)
         self.n_submitted = 0
 
+    def state_row(self) -> tuple[int, ...]:
+        """The occupancy a run's state log records after each core call, in the order of
+        `results.node_series.STATE_COLUMNS`: prompts not yet admitted, prefills under way,
+        the GPU and CPU running sets, the CPU waiting queue (migrations in flight included),
+        both pools' used blocks, the host growth the envelope reserves (B_growth of every
+        host-bound request) and B_migration."""
+        return (len(self.gpu_waiting), len(self.gpu_prefilling), len(self.gpu_running),
+                len(self.cpu_waiting), len(self.cpu_running), self.hbm.used, self.host.used,
+                self.cpu_growth + self.waiting_growth, self.b_migration)
+
     # --- arrivals and transfer completions (both engines observe these) -------------------
 
     def submit(self, req: Request) -> None:

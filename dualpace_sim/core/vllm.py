@@ -29,6 +29,11 @@ class VllmConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"vllm.{name} must be >= 1, got {getattr(self, name)}")
 
+    @property
+    def max_request_blocks(self) -> int:
+        """The pool a request's finish-peak must fit: HBM, vLLM's only one."""
+        return self.gpu_kv_blocks
+
 
 def _num_tokens(r: Request) -> int:
     """Tokens the request has so far: its prompt and every output token already emitted."""
@@ -51,6 +56,13 @@ class VllmScheduler:
     def submit(self, req: Request) -> None:
         self.waiting.append(req)
         self.n_submitted += 1
+
+    def state_row(self) -> tuple[int, ...]:
+        """`EngineState.state_row`'s columns: the running set split into requests without
+        a token yet and decoding ones; what vLLM does not have is 0."""
+        starting = sum(1 for r in self.running if r.generated == 0)
+        return (len(self.waiting), starting, len(self.running) - starting, 0, 0,
+                self.hbm.used, 0, 0, 0)
 
     def _allocate(self, r: Request, n: int) -> bool:
         """allocate_slots: blocks for `n` more computed tokens, or False when they run out."""

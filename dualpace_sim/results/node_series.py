@@ -51,33 +51,9 @@ FIRST_WIDTH_S = 1e-4  # their first width: 6.6 s of run before the first doublin
 
 def state_reader(sched: EngineState | VllmScheduler | NeoScheduler
                  ) -> Callable[[], tuple[int, ...]]:
-    """A function giving the :data:`STATE_COLUMNS` of a policy's scheduler state now.
-
-    DualPace (its EngineState): prompts not yet admitted, prefills under way, the GPU and CPU
-    running sets, the CPU waiting queue (migrations in flight included), both pools' used
-    blocks, the host growth the envelope reserves (B_growth of every host-bound request) and
-    B_migration. vLLM: its running set split into requests without a token yet and decoding
-    ones. NEO: its waiting queue and its GPU and CPU decoding queues. What a policy does not
-    have is 0."""
-    if isinstance(sched, EngineState):
-        def dualpace() -> tuple[int, ...]:
-            st = sched
-            return (len(st.gpu_waiting), len(st.gpu_prefilling), len(st.gpu_running),
-                    len(st.cpu_waiting), len(st.cpu_running), st.hbm.used, st.host.used,
-                    st.cpu_growth + st.waiting_growth, st.b_migration)
-        return dualpace
-    if isinstance(sched, VllmScheduler):
-        def vllm() -> tuple[int, ...]:
-            starting = sum(1 for r in sched.running if r.generated == 0)
-            return (len(sched.waiting), starting, len(sched.running) - starting, 0, 0,
-                    sched.hbm.used, 0, 0, 0)
-        return vllm
-    if isinstance(sched, NeoScheduler):
-        def neo() -> tuple[int, ...]:
-            return (len(sched.waiting), 0, len(sched.gpu_q), 0, len(sched.cpu_q),
-                    sched.hbm.used, sched.host.used, 0, 0)
-        return neo
-    raise TypeError(f"no state reader for {type(sched).__name__}")
+    """A function giving the :data:`STATE_COLUMNS` of a policy's scheduler state now (each
+    policy's state says what its columns hold: `EngineState.state_row`)."""
+    return sched.state_row
 
 
 class StateLog:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-LAYOUTS = {"private_contiguous", "shared_contiguous", "shared_scattered",
+LAYOUTS = {"profiler", "private_contiguous", "shared_contiguous", "shared_scattered",
            "shared_scattered_varlen", "huge_scattered", "huge_contiguous"}
 
 
@@ -23,7 +23,7 @@ def test_kv_layout_benchmark_times_every_layout_against_the_profilers(tmp_path):
     report = json.loads(out.read_text())
     assert set(report["per_layer_s"]["2"]) >= LAYOUTS
     assert all(t > 0 for t in report["per_layer_s"]["2"].values())
-    assert report["over_private_contiguous"]["2"]["private_contiguous"] == 1.0
+    assert report["over_profiler"]["2"]["profiler"] == 1.0
 
 
 def test_kv_layout_benchmark_refuses_a_pool_too_small_for_the_batch(tmp_path):
