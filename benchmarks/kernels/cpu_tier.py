@@ -42,7 +42,8 @@ from dualpace_hw.executors.packed import (
     pack_weight,
     packed_linear,
 )
-from dualpace_hw.kernels.cpu_attention import extension_info, pin_threads, stream_read
+from dualpace_hw.kernels.cpu_attention import extension_info, pin_threads
+from dualpace_hw.kernels.host_read import host_read_bytes_per_s
 from dualpace_sim.costs import ModelShape, load_profile
 
 ROWS = (1, 2, 4, 8, 16, 32, 48, 63, 64, 65, 96, 128, 256, 512, 1024)
@@ -75,12 +76,11 @@ def take_cores(n: int | None) -> list[int]:
 
 # ------------------------------------------------------------------------------ limits
 def limits(quick: bool) -> dict[str, float | str]:
-    """DRAM read GB/s (streaming read, all threads); the AMX peak as the best large bf16 GEMM
+    """DRAM read GB/s (the runtime's streaming read, all threads, as `dualpace-hw profile`
+    and `run` record it, over a larger buffer); the AMX peak as the best large bf16 GEMM
     on the box (torch's oneDNN matmul, or our kernel's fastest path, whichever is faster); and
     the tiles' own ceiling (tile multiplies alone), which no GEMM reaches."""
-    n = (1 << 30) if quick else (4 << 30)
-    buf = torch.ones(n // 2, dtype=torch.bfloat16)
-    read = n / timeit(lambda: stream_read(buf), 0.5) / 1e9
+    read = host_read_bytes_per_s((1 << 30) if quick else (4 << 30)) / 1e9
     size = 1024 if quick else 8192
     a = torch.randn(size, 4096).to(torch.bfloat16)
     b = torch.randn(4096, size).to(torch.bfloat16)

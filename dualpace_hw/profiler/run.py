@@ -17,6 +17,7 @@ import torch
 
 from dualpace_hw import hostinfo as box
 from dualpace_hw.executors.tp import shard_shape
+from dualpace_hw.kernels.host_read import host_read_bytes_per_s
 from dualpace_hw.profiler.calibration import CalibrationWorkload, calibrated, serve_passes
 from dualpace_hw.profiler.grids import Grids
 from dualpace_hw.profiler.handshake import Handshake, measure_handshake
@@ -193,7 +194,7 @@ def run_profile(opt: Options) -> Profile:
     with contextlib.ExitStack() as stack:
         tables, gpu = _start_ranks(opt, m, grids, protocol, threads, stack)
         n_points = sum(len(x) * (len(y) if y else 1) for _, x, y, _ in tables)
-        n_points += 6 * len(grids.cpu_batches) + 5 + (6 if opt.gpu_tp == 1 else 0)
+        n_points += 6 * len(grids.cpu_batches) + 6 + (6 if opt.gpu_tp == 1 else 0)
         n_points += FLOOR_SAMPLES * (4 if opt.gpu_tp == 1 else 2)
         bar = stack.enter_context(progress_bar(opt.progress, total=n_points, unit="pt"))
 
@@ -222,6 +223,8 @@ def run_profile(opt: Options) -> Profile:
                 prefill = point(f"neo.eager_prefill_layer_s|{i}", m.eager_prefill_layer)
             floors.append((eager, beside, decode, prefill))
 
+        # on the profiled cores, as the CPU tables are: the speed of their memory-bound stages
+        read = point("host_read_bytes_per_s", host_read_bytes_per_s)
         sample_floors()
         for t, (name, xs, ys, measure) in enumerate(tables):
             if t == len(tables) // 2:
@@ -257,7 +260,7 @@ def run_profile(opt: Options) -> Profile:
         launch = point("neo.launch_s", m.neo_launch_s)
         sample_floors()
     profile = _assemble(opt, m, values, q, o, link, poll, launch, overheads, floors,
-                        threads, protocol)
+                        threads, protocol, read)
     if opt.gpu_tp > 1:  # after the stage ranks are gone: the runtime's own rank group
         rows = [b for b in grids.decode_batches
                 if b <= min(RANK_ROUND_ROWS, max(grids.gpu_rows))]
@@ -402,7 +405,7 @@ def _capacities(opt: Options, gpu_device: torch.device) -> tuple[int, int, dict]
 def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, poll: float,
               launch: float, overheads: list[float],
               floors: list[tuple[float, float | None, float | None, float | None]],
-              threads: int, protocol: Protocol) -> Profile:
+              threads: int, protocol: Protocol, read_bytes_per_s: float) -> Profile:
     gpu_blocks, host_blocks, params = _capacities(opt, m.gpu_device)
     overhead = statistics.median(overheads)
     eager, beside, decode, prefill = (
@@ -410,6 +413,7 @@ def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, 
         for i in range(4))
     prov = box.provenance(m.gpu_device, threads, opt.command, dt.date.today().isoformat())
     prov["quick"] = opt.quick  # `dualpace-sim validate` notes runs priced by a quick profile
+    prov["host_read_bytes_per_s"] = read_bytes_per_s  # and runs served on a slower host
     prov["parameters"] = {**params, "warmups": protocol.warmups,
                           "invocations_max": protocol.invocations, "repeats": protocol.repeats}
     prov["notes"] = (

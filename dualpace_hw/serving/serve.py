@@ -17,6 +17,7 @@ import torch
 from dualpace_hw.executors.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from dualpace_hw.executors.model import ModelWeights
 from dualpace_hw.executors.tp import shard_shape
+from dualpace_hw.kernels.host_read import host_read_bytes_per_s
 from dualpace_hw.runtime.engines import EngineFailure
 from dualpace_hw.runtime.gpu_engine import GpuEngine
 from dualpace_hw.runtime.processes import cores_off, engine_cores, on_cores
@@ -162,6 +163,15 @@ def earlier_policies(out: Path, digest: str, policies: list[str]
     return frames, kept, series
 
 
+def host_read_on(cores: list[int] | None) -> float:
+    """The host's memory read bandwidth on the CPU engine's cores (all of the process's where
+    it has none), bytes/s, measured before anything is served: each run's summary records it
+    beside the profile's, which another machine of the same kind may have measured
+    (`dualpace-sim validate` notes a difference)."""
+    with on_cores(cores):
+        return host_read_bytes_per_s()
+
+
 def check_split(shape: ModelShape, device: str, cpu_tp: int, gpu_tp: int) -> None:
     """Refuse a tensor-parallel split the model or the box cannot take, before anything
     starts, naming the flag."""
@@ -206,6 +216,7 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
     out.mkdir(parents=True, exist_ok=True)
     loaded.profile.save(out / RUN_PROFILE)  # what `dualpace-sim validate` compares it with
     record, digest = provenance(loaded), scenario_hash(loaded.path)
+    read = host_read_on(engine_cores(cpu_cores))
     policies = policies or loaded.spec.policies
     frames, summaries, series = earlier_policies(out, digest, policies)
     traces: list[TraceRecorder] = []
@@ -229,7 +240,8 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
             stopped = e  # what ran is written below, then the stop goes on to the caller
         frames[policy], summary, series[policy] = record_policy(
             out, loaded, policy, runtime, runtime.requests, loaded.spec.workload.rate,
-            device=device, cpu_tp=cpu_tp, gpu_tp=gpu_tp, partial=stopped is not None,
+            device=device, cpu_tp=cpu_tp, gpu_tp=gpu_tp, host_read_bytes_per_s=read,
+            partial=stopped is not None,
             **({"stopped_by": stop_reason(stopped)} if stopped is not None else {}))
         summaries.append(stamp(summary, digest, record))
         write_results(out, frames, summaries, series, record)
@@ -324,6 +336,7 @@ def serve_real(loaded: LoadedScenario, checkpoint_path: Path, out: Path, policy:
     max_context = config.max_request_blocks * config.block_size  # its finish-peak must fit
     out.mkdir(parents=True, exist_ok=True)
     loaded.profile.save(out / RUN_PROFILE)
+    read = host_read_on(engine_cores(cpu_cores))
     runtime = build_runtime(loaded, policy, device, cpu_cores, cpu_tp=cpu_tp, dtype=dtype,
                             checkpoint=checkpoint, specs=[])
     svc = EngineService(runtime, checkpoint.tokenizer, checkpoint.eos_ids,
@@ -347,7 +360,8 @@ def serve_real(loaded: LoadedScenario, checkpoint_path: Path, out: Path, policy:
         print("no requests were served: nothing written but the profile", flush=True)
         return None
     frame, summary, series = record_policy(out, loaded, policy, runtime, requests, None,
-                                           device=device, cpu_tp=cpu_tp, gpu_tp=1, served=True,
+                                           device=device, cpu_tp=cpu_tp, gpu_tp=1,
+                                           host_read_bytes_per_s=read, served=True,
                                            finished=dict(svc.finished))
     record = provenance(loaded)
     summary = stamp(summary, scenario_hash(loaded.path), record)

@@ -124,6 +124,13 @@ class Provenance(StrictModel):
     torch_version: str | None = Field(None, description="measured: PyTorch version")
     cuda_version: str | None = Field(None, description="measured: CUDA version")
     onednn_version: str | None = Field(None, description="measured: oneDNN version")
+    host_read_bytes_per_s: PositiveFloat | None = Field(
+        None, description="measured: the host's memory read bandwidth on the profiled cores, "
+                          "bytes/s (a streaming read of four last-level caches with as many "
+                          "threads, the median of 5 passes). The CPU engine's memory-bound "
+                          "stages run at this speed; `dualpace-hw run` measures it again at "
+                          "start-up and `dualpace-sim validate` notes a run served on a host "
+                          "more than 5 % off it. Absent in older profiles")
     spec_name: str | None = Field(None, description="roofline: the hardware spec's name")
     spec: dict[str, Any] | None = Field(None, description="roofline: the whole hardware spec")
     efficiency: dict[str, float] | None = Field(

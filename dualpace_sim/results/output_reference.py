@@ -112,6 +112,9 @@ REAL_SUMMARY: list[Row] = [
     ("device", "", "the GPU engine's device (cuda, or cpu in the tests)"),
     ("cpu_tp", "ranks", "the CPU engine's tensor-parallel ranks"),
     ("gpu_tp", "ranks", "the GPU engine's tensor-parallel ranks"),
+    ("host_read_bytes_per_s", "bytes/s",
+     "the host's memory read bandwidth on the CPU engine's cores, measured before serving (as "
+     "the profile's `provenance.host_read_bytes_per_s`; `validate` notes a difference)"),
     ("partial", "", "`run`: true when the run was stopped before every request finished"),
     ("stopped_by", "", "`run`, a stopped run only: SIGINT, SIGTERM or the engine failure"),
     ("served", "", "`serve`: true (the arrivals were the clients'; rate is null)"),

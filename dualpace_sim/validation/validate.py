@@ -60,6 +60,9 @@ COLUMNS = ("policy", "metric", "simulated", "real", "relative_error")
 
 # A summary.json value further than this (relative) from what its own records give is reported.
 SUMMARY_RTOL = 1e-6
+# A run served on a host whose read bandwidth is further than this (relative) from the profile's
+# is noted: the CPU engine's memory-bound stages run that much off their tables.
+HOST_READ_RTOL = 0.05
 
 
 class ValidateError(ValueError):
@@ -231,6 +234,36 @@ def check_against_scenario(real: RealRun, loaded: LoadedScenario) -> list[str]:
     return notes
 
 
+def host_read_notes(real: RealRun, profile: Profile) -> list[str]:
+    """A note for each host read bandwidth the run's policies were served at (each
+    `dualpace-hw run` call measures its own machine) more than HOST_READ_RTOL off the one
+    `profile` (the costs that price the run) was measured at. Two machines of one kind can
+    differ there by 20 %, and the CPU engine's memory-bound stages follow it, while its
+    compute-bound ones do not. Nothing where either figure is missing (older runs, profiles)."""
+    profiled = profile.provenance.host_read_bytes_per_s
+    if profiled is None:
+        return []
+    served: dict[float, list[str]] = {}
+    for policy, summary in real.summaries.items():
+        value = summary.get("host_read_bytes_per_s")
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            served.setdefault(float(value), []).append(policy)
+    notes = []
+    for value, policies in served.items():
+        diff = value / profiled - 1
+        if abs(diff) <= HOST_READ_RTOL:
+            continue
+        notes.append(
+            f"note: {real.path}: {', '.join(policies)} served on a host reading memory at "
+            f"{value / 1e9:.1f} GB/s, {abs(diff):.0%} {'less' if diff < 0 else 'more'} than "
+            f"the {profiled / 1e9:.1f} GB/s of the profile's host: the CPU engine's "
+            "memory-bound stages (pre-attention at a few rows, decode attention at large "
+            f"batches) ran about {profiled / value:.2f}x their tables' times there "
+            f"({'slower' if diff < 0 else 'faster'}), its compute-bound ones as tabled; "
+            "re-profile on the serving machine, or profile and serve in the same session")
+    return notes
+
+
 def _check_requests(path: Path, policy: str, df: pd.DataFrame,
                     loaded: LoadedScenario) -> list[str]:
     specs = loaded.requests
@@ -338,6 +371,7 @@ def validate(real_dir: Path | str, scenario: Path | str, out_dir: Path | str | N
     loaded, notes = load_for_real_run(scenario, real.path,
                                       Path(costs) if costs is not None else None)
     notes += check_against_scenario(real, loaded)
+    notes += host_read_notes(real, loaded.profile)
     out = Path(out_dir) if out_dir is not None else real.path / "validation"
 
     try:  # before anything is written: a bad journal must not leave a half validation

@@ -356,3 +356,40 @@ def test_a_quick_profile_is_noted(real_run, tmp_path):
 
     full = variant("full.yaml", quick=False)
     assert quick_notes(validate(real, scenario, tmp_path / "costs-full", costs=full)) == []
+
+
+def test_a_run_served_on_a_host_of_other_read_bandwidth_is_noted(real_run, tmp_path):
+    """The run's host read bandwidth (its summary's, `dualpace-hw run` measures it) more than
+    5 % off the profile's: one note with both figures, the difference and what it means; none
+    within 5 %, nor where either side lacks the figure (older runs and profiles)."""
+    from dualpace_sim.costs import load_profile
+    from dualpace_sim.validation.validate import host_read_notes, read_real_run
+
+    scenario, real = real_run
+    base = load_profile(RTX4090_LLAMA)
+    assert base.provenance.host_read_bytes_per_s is None  # an older profile still loads
+    profiled = base.model_copy(update={"provenance": base.provenance.model_copy(
+        update={"method": "measured", "host_read_bytes_per_s": 93e9})})
+    profiled.save(real / RUN_PROFILE)
+    assert load_profile(real / RUN_PROFILE).provenance.host_read_bytes_per_s == 93e9
+
+    assert host_read_notes(read_real_run(real), profiled) == []  # the run has no figure
+    set_in_summary(real, "host_read_bytes_per_s", 75e9)
+    notes = [n for n in validate(real, scenario, tmp_path / "slower").notes if "GB/s" in n]
+    assert notes == [
+        f"note: {real}: dualpace, vllm served on a host reading memory at 75.0 GB/s, 19% less "
+        "than the 93.0 GB/s of the profile's host: the CPU engine's memory-bound stages "
+        "(pre-attention at a few rows, decode attention at large batches) ran about 1.24x "
+        "their tables' times there (slower), its compute-bound ones as tabled; re-profile on "
+        "the serving machine, or profile and serve in the same session"]
+    assert host_read_notes(read_real_run(real), base) == []  # the profile has no figure
+
+    set_in_summary(real, "host_read_bytes_per_s", 90e9)  # 3 % less
+    assert host_read_notes(read_real_run(real), profiled) == []
+    summary = set_in_summary(real, "host_read_bytes_per_s", 100e9)
+    summary[1]["host_read_bytes_per_s"] = 93e9  # vllm served in another call, on another host
+    (real / "summary.json").write_text(json.dumps(summary))
+    notes = host_read_notes(read_real_run(real), profiled)
+    assert len(notes) == 1 and notes[0].startswith(f"note: {real}: dualpace served on a host "
+                                                   "reading memory at 100.0 GB/s, 8% more")
+    assert "0.93x their tables' times there (faster)" in notes[0]

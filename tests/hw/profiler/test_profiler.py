@@ -43,6 +43,8 @@ def test_quick_profile_has_provenance_fits_and_plots(quick_profile):
     assert "--device cpu" in prov.command and "--gpu-device" not in prov.command
     assert prov.onednn_version is None or prov.onednn_version[0].isdigit()
     assert prov.is_quick()  # what `dualpace-sim validate` notes
+    # the host's read bandwidth on the profiled cores, beside which validate sets a run's
+    assert 1e8 < prov.host_read_bytes_per_s < 1e13
     assert profile.box.name == "ci-box" and profile.model.name == "tiny-llama"
     c = profile.controls
     lines = output.strip().splitlines()[-4:]
@@ -71,6 +73,9 @@ def test_quick_profile_has_provenance_fits_and_plots(quick_profile):
     assert cal.runs == ["tiny-llama-calibration/fused-assist/run",
                         "tiny-llama-calibration/split-final/run"]
     assert all((out.parent / r / "assists-dualpace.csv").is_file() for r in cal.runs)
+    for r in cal.runs:  # served as `dualpace-hw run` serves: its host's figure recorded
+        summary = json.loads((out.parent / r / "summary.json").read_text())
+        assert all(1e8 < s["host_read_bytes_per_s"] < 1e13 for s in summary)
     # and the GPU iteration overhead from the same runs' decode-only rounds with the CPU
     # engine idle, where the tiny passes have any (the arithmetic on the H200 passes:
     # tests/test_served_rounds.py); without them the timed overhead stays, and says so

@@ -186,6 +186,9 @@ def test_run_command_writes_what_the_simulator_writes(tmp_path):
     assert all(s["completed"] == s["submitted"] == 10 and s["real"] for s in summary)
     for s in summary:  # the simulator's summary shape, every key described
         check_real_summary(s)
+    # the host's read bandwidth on the CPU engine's cores, measured once before serving
+    assert len({s["host_read_bytes_per_s"] for s in summary}) == 1
+    assert 1e8 < summary[0]["host_read_bytes_per_s"] < 1e13
     records = read_records(out / "requests.parquet")
     assert set(records["policy"]) == {"dualpace", "vllm", "neo"}
     assert (records["n_tokens"] == records["max_tokens"]).all()
