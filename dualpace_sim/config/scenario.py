@@ -21,9 +21,7 @@ from dualpace_sim.common.inputs import InputFileError, load_yaml, read_text
 from dualpace_sim.config.budgets import GpuBudget, dualpace_budget, unequal_budget_note, with_budget
 from dualpace_sim.config.overrides import merged
 from dualpace_sim.core import SchedulerConfig, check_thresholds
-from dualpace_sim.core.neo import NeoConfig
-from dualpace_sim.core.policies import POLICIES, POLICY_NAMES, PolicyConfig
-from dualpace_sim.core.vllm import VllmConfig
+from dualpace_sim.core.policies import POLICIES, POLICY_NAMES, PolicyConfig, policy_named
 from dualpace_sim.costs import CostModel, ModelShape, Profile, load_profile, load_spec, synthesize
 from dualpace_sim.costs.fit import fit_controls
 from dualpace_sim.costs.profile import check_magnitudes
@@ -248,15 +246,9 @@ class LoadedScenario:
     def policy_config(self, policy: str) -> PolicyConfig:
         """The policy's configuration over the same KV pools and block size, with its GPU
         batch budget (its own, or the shared one)."""
-        c = self.config
-        if policy == "dualpace":
-            return c
-        b = self.gpu_budget(policy)
-        if policy == "vllm":
-            return VllmConfig(c.gpu_kv_blocks, c.block_size, b.tokens, b.rows)
-        n = self.spec.neo
-        return NeoConfig(c.gpu_kv_blocks, c.host_kv_blocks, c.block_size, b.rows, b.tokens,
-                         n.itm_blocks, n.linr_s_threshold, n.swap_in_fraction, self.neo_launch_s)
+        entry, budget = policy_named(policy), self.gpu_budget(policy)
+        return entry.config(self.config, budget.tokens, budget.rows,
+                            getattr(self.spec, entry.section))
 
     def gpu_budget(self, policy: str) -> GpuBudget:
         """What one GPU batch of ``policy`` may carry as it runs: the shared budget when the

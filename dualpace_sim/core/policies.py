@@ -67,10 +67,30 @@ def neo_schedulers(config: NeoConfig, predictor: NeoPredictor | None = None,
     return Schedulers(sched, {"gpu": NeoDriver(sched, journal)})
 
 
+def dualpace_config(pools: SchedulerConfig, tokens: int, rows: int, section: Any
+                    ) -> SchedulerConfig:
+    """DualPace's limits are the scheduler section itself, its GPU budget in it."""
+    return pools
+
+
+def vllm_config(pools: SchedulerConfig, tokens: int, rows: int, section: Any) -> VllmConfig:
+    return VllmConfig(pools.gpu_kv_blocks, pools.block_size, tokens, rows)
+
+
+def neo_config(pools: SchedulerConfig, tokens: int, rows: int, section: Any) -> NeoConfig:
+    """`section`: the scenario's neo section (its staging pool, sub-batch threshold, swap-in
+    fraction and launch term; None there: the profile's)."""
+    return NeoConfig(pools.gpu_kv_blocks, pools.host_kv_blocks, pools.block_size, rows, tokens,
+                     section.itm_blocks, section.linr_s_threshold, section.swap_in_fraction,
+                     section.launch_s)
+
+
 @dataclass(frozen=True)
 class Policy:
     name: str
     schedulers: Callable[..., Schedulers]  # (config, predictor=None, journal=None)
+    config: Callable[[SchedulerConfig, int, int, Any], PolicyConfig]  # (pools, tokens, rows,
+    #   the section): its limits over the scenario's KV pools and its GPU budget
     section: str  # the scenario section of its limits
     budget: tuple[str, str]  # its GPU batch budget's keys in that section: tokens, rows
     refusal: Callable[[Any, int, int], str | None]  # (config, prompt, max_tokens): why never
@@ -86,13 +106,15 @@ class Policy:
 
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (
-    Policy("dualpace", dualpace_schedulers, "scheduler", ("gpu_token_limit", "gpu_max_rows"),
-           dualpace_refusal, "dualpace_sim.sim.dualpace:DualPaceNode",
+    Policy("dualpace", dualpace_schedulers, dualpace_config, "scheduler",
+           ("gpu_token_limit", "gpu_max_rows"), dualpace_refusal,
+           "dualpace_sim.sim.dualpace:DualPaceNode",
            "dualpace_hw.runtime.dualpace:DualPaceRuntime", served=True),
-    Policy("vllm", vllm_schedulers, "vllm", ("max_num_batched_tokens", "max_num_seqs"),
-           vllm_refusal, "dualpace_sim.sim.vllm:VllmNode",
+    Policy("vllm", vllm_schedulers, vllm_config, "vllm",
+           ("max_num_batched_tokens", "max_num_seqs"), vllm_refusal,
+           "dualpace_sim.sim.vllm:VllmNode",
            "dualpace_hw.runtime.vllm:VllmRuntime", served=True),
-    Policy("neo", neo_schedulers, "neo", ("max_tokens_in_batch", "max_batch_size"),
+    Policy("neo", neo_schedulers, neo_config, "neo", ("max_tokens_in_batch", "max_batch_size"),
            neo_refusal, "dualpace_sim.sim.neo:NeoNode", "dualpace_hw.runtime.neo:NeoRuntime",
            pool_refusal=neo_pool_refusal),
 )}
