@@ -38,7 +38,14 @@
 //   panel-major with such a stream 5-9 % slower on down up to 128 rows; block-major on down
 //   (K split to fit L2) no faster; prefetching into L1, or every line of the next chunk over
 //   all passes, slower. Either way the weight is read from DRAM once, and time grows with rows
-//   only through compute: no cliffs.
+//   only through compute: no cliffs. Tried at 33-64 rows and not kept (same machine, one
+//   thread, issue 18): 4 x 1 tiles (the 64 rows x one 16-column half of a block per pass,
+//   each weight tile loaded once for four x tiles; 5 tile loads per 4 multiplies against the
+//   2 x 2 kernel's 4, so more L2 traffic, not less), 1.00-1.12x the time, and no faster with
+//   the halves interleaved every 2-8 k-steps (sums stored and reloaded); the 2 x 2 kernel's
+//   two panels interleaved every 4-8 k-steps (the block read from L2 once), 1.1-1.4x;
+//   streaming the next block over every panel's pass (not only the later ones) 1.00-1.16x at
+//   33-64 rows, mixed (0.93-1.05x) at 65-128.
 // * Tiles: AMX on 32 x 32 fp32 tiles (our 2 x 2 tile kernel, the weight stream prefetched
 //   into L1 ahead on the first panel's pass); or the same tiles through ATen's brgemm, oneDNN's
 //   ukernel, which PyTorch's own CPU flash attention and Inductor's CPU GEMM templates call,

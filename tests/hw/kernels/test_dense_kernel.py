@@ -94,6 +94,24 @@ def test_both_blockings_add_up_on_either_side_of_their_boundary(isa, n_in):
 
 
 @pytest.mark.parametrize("isa", dense_isas())
+@pytest.mark.parametrize("n_in", [4096, 4098])
+def test_two_panels_add_up_block_major_at_the_models_k(isa, n_in):
+    """At the model's in_features (4,096: 128 steps) 33-64 rows are two 32-row panels passing
+    block-major over the whole k, the second panel from L2 while it streams the next block
+    (4,098 ends in a step of 2 on the paths that take it); 300 outputs end in a partial block,
+    and 65 rows start a third panel."""
+    if isa == "amx" and n_in % 32:
+        pytest.skip("the AMX path takes in_features in multiples of 32")
+    w = _weight(300, n_in, seed=8)
+    packed = pack_weight(w)
+    g = torch.Generator().manual_seed(9)
+    for rows in (33, 48, 63, 64, 65):
+        x = torch.randn(rows, n_in, generator=g).to(torch.bfloat16)
+        ref = F.linear(x.float(), w.float())
+        assert _rel_err(packed_linear(x, packed, 300, isa), ref) < 8e-3, (isa, rows)
+
+
+@pytest.mark.parametrize("isa", dense_isas())
 def test_rows_do_not_interfere_across_row_blocks(isa):
     """Each output row depends on its own input row only, across the 32-row tiles and the
     4-row micro-kernel groups (a row of zeros gives zeros, wherever it sits)."""
