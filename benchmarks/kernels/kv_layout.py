@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 
 from dualpace_hw import hostinfo
+from dualpace_hw.kernels.host_read import host_read_bytes_per_s
 from dualpace_hw.kernels.cpu_attention import (
     cpu_paged_decode_attention,
     hugepage_empty,
@@ -205,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"command": "python -m benchmarks.kernels.kv_layout " + " ".join(
         sys.argv[1:] if argv is None else argv),
               "model": args.model, "blocks": args.blocks, "context": args.context,
-              "cpu_cores": args.cpu_cores, "per_layer_s": per_layer,
+              "cpu_cores": args.cpu_cores, "host_read_bytes_per_s": host_read_bytes_per_s(),
+              "per_layer_s": per_layer,
               "over_profiler": ratios,
               "kv_bytes_per_layer": {b: int(b) * args.context * kv_per_token for b in per_layer}}
     with open(args.out, "w") as f:

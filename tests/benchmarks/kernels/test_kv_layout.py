@@ -24,6 +24,7 @@ def test_kv_layout_benchmark_times_every_layout_against_the_profilers(tmp_path):
     assert set(report["per_layer_s"]["2"]) >= LAYOUTS
     assert all(t > 0 for t in report["per_layer_s"]["2"].values())
     assert report["over_profiler"]["2"]["profiler"] == 1.0
+    assert report["host_read_bytes_per_s"] > 0
 
 
 def test_kv_layout_benchmark_refuses_a_pool_too_small_for_the_batch(tmp_path):
