@@ -42,12 +42,12 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 
 from dualpace_hw import hostinfo
-from dualpace_hw.kernels.host_read import host_read_bytes_per_s
 from dualpace_hw.kernels.cpu_attention import (
     cpu_paged_decode_attention,
     hugepage_empty,
     pin_threads,
 )
+from dualpace_hw.kernels.host_read import host_read_bytes_per_s
 from dualpace_hw.memory.kv import PagedKVPool
 from dualpace_hw.memory.shm import SharedArena
 from dualpace_hw.profiler.grids import Grids
