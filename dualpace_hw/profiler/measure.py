@@ -73,20 +73,31 @@ def small_mixed_plan(tokens, block_size: int, n_blocks: int):
 
 
 def cache_span(cache_bytes: int) -> int:
-    """Bytes a timed CPU stage must cycle through so that its data comes from memory, as in a
-    decode step: twice the last-level cache (64 MiB assumed where sysfs is silent)."""
+    """The fewest bytes a timed CPU stage cycles through: twice the last-level cache (64 MiB
+    assumed where sysfs is silent)."""
     return 2 * (cache_bytes or 64 * 2**20)
 
 
-def cpu_layer_ring(shape: ModelShape, cache_bytes: int, most: int = 16) -> int:
-    """How many distinct layers the CPU dense stages are timed over: enough that the smallest
-    stage's weights (pre-attention's QKV projection) span twice the last-level cache. Timed on
-    fewer layers, a stage reads its weights from the cache, where a decode step streams 32
-    different layers' from memory: on the H200 box (a ~300 MB cache; Llama-3.1-8B's QKV is 50 MB
-    a layer) a ring sized on whole layers (3) let pre-attention at batch 1 cost half what the
-    CPU engine's step pays for it (benchmarks/results/cpu_step/README.md)."""
+def timing_budget(available: int | None = None) -> int:
+    """Host memory the CPU stages' layer ring and KV windows may each take: a quarter of what
+    is available (1 GiB assumed where /proc is silent)."""
+    available = hostinfo.available_memory_bytes() if available is None else available
+    return (available or 4 * 2**30) // 4
+
+
+def cpu_layer_ring(shape: ModelShape, cache_bytes: int, budget: int | None = None) -> int:
+    """How many distinct layers the CPU dense stages are timed over: every layer of the model,
+    as a decode step reads each once, where the timing budget holds them (packing holds a
+    plain and a packed copy at its peak); and never fewer than span twice the last-level cache
+    in the smallest stage's weights (QKV), up to 16. A ring spanning only
+    twice the cache still read part of it from there: on the H200 box (a 300 MiB cache) a
+    14-layer ring of Llama-3.1-8B's QKV timed pre-attention at 1-15 rows 1.2x faster than the
+    served steps paid (docs/validation/README.md, session 19), and a ring of whole layers (3)
+    had it at half (benchmarks/results/cpu_step/README.md)."""
     qkv = shape.hidden_size * (shape.q_dim + 2 * shape.kv_dim) * shape.dtype_bytes
-    return max(2, min(most, -(-cache_span(cache_bytes) // qkv) + 1))
+    fewest = -(-cache_span(cache_bytes) // qkv) + 1
+    held = (timing_budget() if budget is None else budget) // (2 * shape.weight_bytes_per_layer)
+    return max(2, min(fewest, 16), min(shape.n_layers, held))
 
 
 def ring_of(weights: ModelWeights, n: int) -> ModelWeights:
@@ -105,20 +116,27 @@ def ring_of(weights: ModelWeights, n: int) -> ModelWeights:
     return dataclasses.replace(weights, layers=copies)
 
 
-def cpu_kv_pool(shape: ModelShape, n_blocks: int, block_size: int, cache_bytes: int
-                ) -> PagedKVPool:
-    """One layer's CPU KV pool for the timed stages: `n_blocks` plus room for the block
-    windows decode attention cycles through (`kv_windows`)."""
-    spare = -(-cache_span(cache_bytes) // (block_size * shape.kv_bytes_per_token_per_layer))
+def cpu_kv_pool(shape: ModelShape, n_blocks: int, block_size: int, cache_bytes: int,
+                budget: int | None = None) -> PagedKVPool:
+    """One layer's CPU KV pool for the timed stages: `n_blocks` (the largest window the grids
+    time) plus room for the windows decode attention cycles through (`kv_windows`): a window
+    for each of the model's other layers, as far as the timing budget holds them, and never
+    less than twice the last-level cache."""
+    block_bytes = block_size * shape.kv_bytes_per_token_per_layer
+    fewest = -(-cache_span(cache_bytes) // block_bytes)
+    held = (timing_budget() if budget is None else budget) // block_bytes - n_blocks
+    spare = max(fewest, min((shape.n_layers - 1) * n_blocks, held))
     return PagedKVPool(shape, n_blocks + spare, block_size, "cpu", n_layers=1)
 
 
-def kv_windows(block_bytes: int, window_blocks: int, cache_bytes: int) -> int:
-    """How many disjoint block windows CPU decode attention is timed over, in turn, so that
-    the KV it reads spans twice the last-level cache: a step reads each layer's KV once, from
-    memory, where one window timed over and over would be read from the cache (16 requests of
-    1,024 tokens are 64 MB of Llama-3.1-8B KV a layer)."""
-    return -(-cache_span(cache_bytes) // (block_bytes * window_blocks))
+def kv_windows(block_bytes: int, window_blocks: int, cache_bytes: int, n_layers: int) -> int:
+    """How many disjoint block windows CPU decode attention is timed over, in turn: one for
+    each of the model's layers, as a step reads each layer's KV once, and never fewer than
+    span twice the last-level cache (the pool may hold fewer: `_decode_at` takes what fits).
+    Over windows spanning only twice the cache, part of the KV still came from it: on the H200
+    box the profiler's figure was 1.17-1.28x faster than the same batch read layer by layer
+    from the runtime's pool in the same run (benchmarks/results/kernels/README.md)."""
+    return max(n_layers, -(-cache_span(cache_bytes) // (block_bytes * window_blocks)))
 
 
 class Measurer:
@@ -414,7 +432,8 @@ def _decode_at(shape: ModelShape, kernel, timer: Timer, pool: PagedKVPool, devic
     n = 1
     if cache_bytes is not None:
         block_bytes = pool.block_size * shape.kv_bytes_per_token_per_layer
-        n = max(1, min(kv_windows(block_bytes, window, cache_bytes), pool.n_blocks // window))
+        n = max(1, min(kv_windows(block_bytes, window, cache_bytes, shape.n_layers),
+                       pool.n_blocks // window))
     tables = [torch.arange(k * window, (k + 1) * window, dtype=torch.int32,
                            device=device).view(batch, nb) for k in range(n)]
     lens = torch.full((batch,), context, dtype=torch.int32, device=device)

@@ -34,7 +34,14 @@ from dualpace_hw.executors.packed import pack_model
 from dualpace_hw.executors.tp import all_reduce, shard_shape, shard_weights
 from dualpace_hw.hostinfo import rank_cores
 from dualpace_hw.profiler.grids import Grids
-from dualpace_hw.profiler.measure import Measurer, cpu_kv_pool, cpu_layer_ring, decode_time, ring_of
+from dualpace_hw.profiler.measure import (
+    Measurer,
+    cpu_kv_pool,
+    cpu_layer_ring,
+    decode_time,
+    ring_of,
+    timing_budget,
+)
 from dualpace_hw.profiler.timing import Protocol, Timer
 from dualpace_hw.runtime.processes import forget, gloo_rendezvous, spawn, stop
 from dualpace_sim.costs.shapes import ModelShape
@@ -87,14 +94,16 @@ class _CpuRank:
         full = ModelWeights.random(spec.shape, spec.seed, "cpu", n_layers=1)
         self.shape = shard_shape(spec.shape, spec.world)
         # As on one rank (`Measurer`): the dense stages cycle a ring of layers and decode
-        # attention block windows, each spanning twice the last-level cache, so this rank's
-        # shard is read from memory as in a decode step.
+        # attention block windows, a layer's each where memory holds them (the ranks share
+        # the timing budget), so this rank's shard is read from memory as in a decode step.
         self.cache_bytes = hostinfo.last_level_cache_bytes()
-        ring = cpu_layer_ring(self.shape, self.cache_bytes)
+        budget = timing_budget() // spec.world
+        ring = cpu_layer_ring(self.shape, self.cache_bytes, budget)
         shard = ring_of(shard_weights(full, spec.shape, spec.rank, spec.world), ring)
         self.model = pack_model(Model(self.shape, shard, all_reduce()))
         self.layers = itertools.cycle(range(ring))
-        self.pool = cpu_kv_pool(self.shape, spec.n_blocks, spec.block_size, self.cache_bytes)
+        self.pool = cpu_kv_pool(self.shape, spec.n_blocks, spec.block_size, self.cache_bytes,
+                                budget)
         self.grids = spec.grids
         self.timer = Timer(torch.device("cpu"), spec.protocol, agree=_agree_max())
         self.kernel = cpu_paged_decode_attention

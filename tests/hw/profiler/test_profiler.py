@@ -390,28 +390,39 @@ def test_gpu_tensor_parallel_kv_capacity_sums_the_gpus(tmp_path, monkeypatch):
     assert params["gpu_kv_gib"] == round(2 * per_gpu / profile_run.GIB, 2)
 
 
-def test_the_cpu_layer_ring_spans_twice_the_last_level_cache_in_qkv_weights():
+def test_the_cpu_layer_ring_holds_every_layer_where_memory_allows_and_twice_the_cache_at_least():
     from dualpace_hw.profiler.measure import cpu_layer_ring
     from dualpace_sim.costs.shapes import ModelShape
 
-    llama = ModelShape.from_name("llama-3.1-8b")  # QKV 48 MiB a layer
+    llama = ModelShape.from_name("llama-3.1-8b")  # QKV 48 MiB a layer, 416 MiB all of a layer
     qkv = llama.hidden_size * (llama.q_dim + 2 * llama.kv_dim) * 2
-    assert qkv == 48 * 2**20
-    # the H200 box's ~300 MiB cache: a ring of whole layers (3) held every QKV in the cache
-    ring = cpu_layer_ring(llama, 300 * 2**20)
+    layer = llama.weight_bytes_per_layer
+    assert qkv == 48 * 2**20 and 415 * 2**20 < layer < 417 * 2**20
+    # the H200 box (a 300 MiB cache, 125 GiB): every layer, as a decode step reads them
+    assert cpu_layer_ring(llama, 300 * 2**20, budget=31 * 2**30) == 32
+    # a budget for 24 layers (a plain and a packed copy of each): 24
+    assert cpu_layer_ring(llama, 300 * 2**20, budget=24 * 2 * layer) == 24
+    # little memory: still twice the cache in QKV (14 layers), as before
+    ring = cpu_layer_ring(llama, 300 * 2**20, budget=2**30)
     assert ring == 14 and (ring - 1) * qkv >= 2 * 300 * 2**20
-    assert cpu_layer_ring(llama, 105 * 2**20) == 6
+    assert cpu_layer_ring(llama, 105 * 2**20, budget=2**30) == 6
     assert cpu_layer_ring(load_profile_shape(), 32 * 2**20) == 16  # a tiny layer: the cap
-    assert cpu_layer_ring(llama, 0) == 4  # sysfs silent: 64 MiB assumed
+    assert cpu_layer_ring(llama, 0, budget=2**30) == 4  # sysfs silent: 64 MiB assumed
 
 
-def test_cpu_decode_attention_is_timed_over_windows_spanning_twice_the_cache():
-    from dualpace_hw.profiler.measure import kv_windows
+def test_cpu_decode_attention_is_timed_over_a_window_for_every_layer_and_twice_the_cache():
+    from dualpace_hw.profiler.measure import cpu_kv_pool, kv_windows
 
     block = 16 * 4096  # a Llama-3.1-8B block of K and V, one layer
-    assert kv_windows(block, 16 * 64, 300 * 2**20) == 10  # 16 requests of 1,024 tokens: 64 MiB
-    assert kv_windows(block, 64 * 64, 300 * 2**20) == 3
-    assert kv_windows(block, 256 * 64, 300 * 2**20) == 1  # already twice the cache
+    assert kv_windows(block, 16 * 64, 300 * 2**20, 32) == 32  # 16 requests of 1,024 tokens
+    assert kv_windows(block, 256 * 64, 300 * 2**20, 32) == 32
+    assert kv_windows(block, 16 * 64, 300 * 2**20, 2) == 10  # two layers: twice the cache
+    assert kv_windows(block, 256 * 64, 300 * 2**20, 1) == 1  # already twice the cache
+    tiny = load_profile_shape()
+    tiny_block = 16 * tiny.kv_bytes_per_token_per_layer
+    # room for a window a layer where the budget holds it, and never less than twice the cache
+    pool = cpu_kv_pool(tiny, 100, 16, 2**20, budget=2**30)
+    assert pool.n_blocks == 100 + max((tiny.n_layers - 1) * 100, 2 * 2**20 // tiny_block)
 
 
 def test_cpu_dense_stages_take_the_next_layer_of_the_ring_on_every_call():
