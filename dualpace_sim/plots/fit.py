@@ -24,7 +24,7 @@ from dualpace_sim.costs.fit.thresholds import (
     route_scores,
     shift_assist_wait,
 )
-from dualpace_sim.plots.layout import new_figure
+from dualpace_sim.plots.layout import new_figure, write_png_pdf
 
 ROUTE_COLORS = {FULL: "tab:blue", SPLIT: "tab:orange", FUSED: "tab:green"}
 
@@ -34,14 +34,7 @@ def _save(fig: Figure, out_stem: Path | str) -> list[Path]:
         ax.grid(True, alpha=0.3, which="major")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="x-small")
-    out_stem = Path(out_stem)
-    out_stem.parent.mkdir(parents=True, exist_ok=True)
-    png = out_stem.with_name(out_stem.name + ".png")
-    pdf = out_stem.with_name(out_stem.name + ".pdf")
-    fig.savefig(png, dpi=130)
-    fig.set_layout_engine("none")  # keep the layout just computed: the PDF needs no second pass
-    fig.savefig(pdf, metadata={"CreationDate": None})
-    return [png, pdf]
+    return write_png_pdf(fig, out_stem, dpi=130)
 
 
 def _log_x_if_decades(ax, values: Sequence[float], base: int = 10) -> None:

@@ -45,11 +45,17 @@ def save_figure(fig: Figure, out_stem: Path) -> list[Path]:
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="outside lower center",
                    ncols=min(len(handles), 4), fontsize="small")
+    return write_png_pdf(fig, out_stem, dpi=150)
+
+
+def write_png_pdf(fig: Figure, out_stem: Path | str, dpi: int) -> list[Path]:
+    """``out_stem``.png and .pdf (the PDF without a creation date, so a figure drawn again
+    from the same data is the same file); returns the two paths."""
     out_stem = Path(out_stem)
     out_stem.parent.mkdir(parents=True, exist_ok=True)
     png = out_stem.with_name(out_stem.name + ".png")
     pdf = out_stem.with_name(out_stem.name + ".pdf")
-    fig.savefig(png, dpi=150)
+    fig.savefig(png, dpi=dpi)
     fig.set_layout_engine("none")  # keep the layout just computed: the PDF needs no second pass
     fig.savefig(pdf, metadata={"CreationDate": None})
     return [png, pdf]
