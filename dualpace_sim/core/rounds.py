@@ -20,8 +20,10 @@ and the plan it got: the real runtime's journal, which replay feeds back through
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from .cpu_round import CpuScheduler
 from .gpu_round import GpuScheduler
@@ -40,13 +42,17 @@ class RoundKind(Enum):
     FORWARD = "forward"  # one batch, after the round's moves
 
 
-@dataclass(frozen=True, slots=True)
+NO_MOVES = BlockMoves()  # a round's moves where it makes none (shared: BlockMoves is frozen)
+
+
+@dataclass(slots=True)
 class Round:
-    """One committed (or idle) round, as the backend executes it."""
+    """One committed (or idle) round, as the backend executes it (made every round: a plain
+    dataclass, since a frozen one's constructor costs twice as much)."""
 
     kind: RoundKind
     plan: GpuPlan | CpuPlan | NeoPlan
-    moves: BlockMoves = field(default_factory=BlockMoves)  # KV copies before the forward
+    moves: BlockMoves = NO_MOVES  # KV copies before the forward
     lands: bool = False  # the backend calls `landed` when its transfers land
 
     @property
@@ -70,6 +76,13 @@ class Driver:
         if self.journal is not None:
             self.journal.record(t, self.engine, call, **data)
 
+    def record_schedule(self, t: float, describe: Callable[[Any], dict], plan: Any,
+                        **data) -> None:
+        """The schedule call and its plan, described only where a journal keeps it (the
+        simulator runs without one, and describing walks every row of the plan)."""
+        if self.journal is not None:
+            self.journal.record(t, self.engine, "schedule", plan=describe(plan), **data)
+
     def landed(self, rnd: Round, t: float) -> None:
         """The transfers `rnd` waited on landed at `t` (only rounds that `lands`)."""
         raise ValueError(f"a {self.engine} round of {type(self).__name__} lands nothing")
@@ -85,7 +98,7 @@ class GpuDriver(Driver):
     def begin(self, now: float) -> Round:
         plan = self.sched.schedule()
         committed = not (plan.wait_for_copies or plan.is_empty)
-        self.record(now, "schedule", plan=describe_gpu(plan), committed=committed)
+        self.record_schedule(now, describe_gpu, plan, committed=committed)
         if plan.wait_for_copies:
             return Round(RoundKind.WAIT_FOR_COPIES, plan, lands=True)
         if not committed:
@@ -125,7 +138,7 @@ class CpuDriver(Driver):
 
     def begin(self, now: float) -> Round:
         plan = self.sched.schedule()
-        self.record(now, "schedule", plan=describe_cpu(plan))
+        self.record_schedule(now, describe_cpu, plan)
         self.sched.commit(plan)
         return Round(RoundKind.IDLE if plan.is_empty else RoundKind.FORWARD, plan)
 
@@ -149,7 +162,7 @@ class VllmDriver(Driver):
 
     def begin(self, now: float) -> Round:
         plan = self.sched.schedule(now)
-        self.record(now, "schedule", plan=describe_gpu(plan))
+        self.record_schedule(now, describe_gpu, plan)
         return Round(RoundKind.FORWARD if plan.has_forward else RoundKind.IDLE, plan)
 
     def end(self, rnd: Round, t: float, tokens: dict[int, int] | None = None) -> None:
@@ -168,7 +181,7 @@ class NeoDriver(Driver):
 
     def begin(self, now: float) -> Round:
         plan = self.sched.schedule(now)  # NeoHostFull when the host cannot take the round
-        self.record(now, "schedule", plan=describe_neo(plan))
+        self.record_schedule(now, describe_neo, plan)
         if plan.is_empty:
             return Round(RoundKind.IDLE, plan)
         return Round(RoundKind.FORWARD if plan.batches else RoundKind.MIGRATE, plan, plan.moves)
