@@ -2,7 +2,8 @@
 
 The CPU engine's memory-bound stages (pre-attention at a few rows, decode attention at large
 batches) run at the speed the host streams memory, and two machines of one kind can differ
-there by 20 % (75-93 GB/s on the H200 box's machines): a profile made on one machine then
+there by 2x (85, 93 and 187 GB/s in three device calls of one session on the H200 box's
+kind): a profile made on one machine then
 prices runs on another wrongly. `dualpace-hw profile` records this figure in the profile and
 `dualpace-hw run` in each run's summary, so `dualpace-sim validate` can tell when they differ.
 """
