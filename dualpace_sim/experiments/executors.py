@@ -133,11 +133,16 @@ class ProcessPool:
             self._pool.shutdown(wait=True)
             return
         processes = list((getattr(self._pool, "_processes", None) or {}).values())
+        manager = getattr(self._pool, "_executor_manager_thread", None)
         self._pool.shutdown(wait=False, cancel_futures=True)
         for proc in processes:  # what a call computed is written by the sweep: killing is safe
             proc.terminate()
         for proc in processes:
             proc.join(timeout=5)
+        # The pool's own thread must be gone before the interpreter exits: else the executor's
+        # exit hook can wake it through a pipe it is closing, and print a traceback (CI, once).
+        if manager is not None:
+            manager.join(timeout=5)
 
 
 class RayCluster:
