@@ -43,6 +43,7 @@ from dualpace_sim.costs.calibrate import (
 )
 from dualpace_sim.costs.fit import profile_batch_sizes
 from dualpace_sim.costs.profile import Profile
+from dualpace_sim.costs.record_csv import record_file
 from dualpace_sim.results.served_rounds import (
     PASS_SCENARIO,
     served_round_overhead,
@@ -132,7 +133,7 @@ def finished(run_dir: Path) -> bool:
         summary = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
         return False
-    return (run_dir / ASSISTS_FILE.format(policy="dualpace")).is_file() and bool(summary) \
+    return record_file(run_dir, ASSISTS_FILE, "dualpace").is_file() and bool(summary) \
         and not any(s.get("partial") for s in summary)
 
 

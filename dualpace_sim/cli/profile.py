@@ -268,7 +268,7 @@ def calibrate(
     profile: Annotated[Path, typer.Argument(help="the box's calibration profile")],
     run: Annotated[list[Path], typer.Option(
         "--run", help="a `dualpace-hw run --out` directory of DualPace on this box (repeat "
-                      "for several); its assists-dualpace.csv holds every Dense Assist")],
+                      "for several); its assists-dualpace.csv.gz holds every Dense Assist")],
     out: Annotated[Path | None, typer.Option(
         help="write the calibrated profile here (default: print only)")] = None,
     write: Annotated[bool, typer.Option(

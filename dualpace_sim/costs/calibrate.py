@@ -26,7 +26,7 @@ idle GPU's g_x(u) in serving (docs/validation/README.md, session 16). The simula
 such an assist g_x(b) times the groups' equal-weight mean of G_x,u / g_x(u)
 (`CostModel.assist_gpu_beside_batch`); one served on an idle GPU keeps g_x(b).
 
-The real runtime writes one row per assist to ``assists-<policy>.csv`` in its run directory
+The real runtime writes one row per assist to ``assists-<policy>.csv.gz`` in its run directory
 (`dualpace-hw run`), W measured from CPU-Ready to GPU-Done on the shared control block and
 L + F as the GPU worker's service time less the call's CUDA interval. Pure Python: the
 simulator's side reads and computes, the runtime's side writes.
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .profile import AssistCalibration, AssistGroup, PerAssistPath, Profile
-from .record_csv import read_rows, write_rows
+from .record_csv import read_rows, record_file, write_rows
 
-ASSISTS_FILE = "assists-{policy}.csv"
+ASSISTS_FILE = "assists-{policy}.csv.gz"
 COLUMNS = ("path", "rows", "wait_s", "cuda_s", "host_s")
 PATHS = ("p", "lA", "lS")
 
@@ -87,7 +87,7 @@ def read_assist_calls(path: Path) -> list[AssistCall]:
 
 def run_assist_calls(run_dir: Path, policy: str = "dualpace") -> list[AssistCall]:
     """A run directory's assist records; CalibrationError when it has none."""
-    path = Path(run_dir) / ASSISTS_FILE.format(policy=policy)
+    path = record_file(Path(run_dir), ASSISTS_FILE, policy)
     if not path.is_file():
         raise CalibrationError(f"{run_dir}: no {path.name}; give the --out directory of a "
                                "`dualpace-hw run` of DualPace (runs before session 9 did not "

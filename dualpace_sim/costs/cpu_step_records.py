@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .record_csv import read_rows, write_rows
 
-CPU_STEPS_FILE = "cpu-steps-{policy}.csv"
+CPU_STEPS_FILE = "cpu-steps-{policy}.csv.gz"
 
 
 class CpuStepRecordError(ValueError):

@@ -1,17 +1,21 @@
-"""The CPU engine's per-step record (`cpu-steps-dualpace.csv`): round trip and one-line errors
+"""The CPU engine's per-step record (`cpu-steps-dualpace.csv.gz`): round trip and one-line errors
 naming the file and line."""
 
 from __future__ import annotations
+
+import gzip
 
 import pytest
 
 from dualpace_sim.costs.cpu_step_records import (
     COLUMNS,
+    CPU_STEPS_FILE,
     CpuStepRecord,
     CpuStepRecordError,
     read_cpu_steps,
     write_cpu_steps,
 )
+from dualpace_sim.costs.record_csv import record_file
 
 
 def test_records_round_trip(tmp_path):
@@ -21,6 +25,28 @@ def test_records_round_trip(tmp_path):
     path = tmp_path / "cpu-steps-dualpace.csv"
     write_cpu_steps(steps, path)
     assert read_cpu_steps(path) == steps
+
+
+def test_the_runtime_writes_compressed_records_and_earlier_plain_ones_are_still_found(tmp_path):
+    steps = [CpuStepRecord("Full-CPU", 2, 900, 0.2, 1e-5, 1e-5, 0.03, 1e-4, 0.004, 0.0, 0.15)]
+    compressed = record_file(tmp_path, CPU_STEPS_FILE, "dualpace")
+    assert compressed.name == "cpu-steps-dualpace.csv.gz"
+    write_cpu_steps(steps, compressed)
+    assert gzip.decompress(compressed.read_bytes()).startswith(",".join(COLUMNS).encode())
+    assert read_cpu_steps(record_file(tmp_path, CPU_STEPS_FILE, "dualpace")) == steps
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    write_cpu_steps(steps, earlier / "cpu-steps-dualpace.csv")
+    found = record_file(earlier, CPU_STEPS_FILE, "dualpace")
+    assert found.name == "cpu-steps-dualpace.csv" and read_cpu_steps(found) == steps
+
+
+def test_a_truncated_compressed_record_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "cpu-steps-dualpace.csv.gz"
+    path.write_bytes(gzip.compress((",".join(COLUMNS) + "\n").encode() * 50)[:30])
+    with pytest.raises(CpuStepRecordError) as e:
+        read_cpu_steps(path)
+    assert "cannot read it" in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize(("text", "message"), [

@@ -66,8 +66,8 @@ def test_the_command_calibrates_the_overhead_where_it_finds_the_runs_scenario(tm
             "with the CPU engine idle)") in result.output
     elsewhere = tmp_path / "run"
     elsewhere.mkdir()
-    (elsewhere / "assists-dualpace.csv").write_text(
-        (PASSES[0] / "assists-dualpace.csv").read_text())
+    (elsewhere / "assists-dualpace.csv.gz").write_bytes(
+        (PASSES[0] / "assists-dualpace.csv.gz").read_bytes())
     result = CliRunner().invoke(app, ["profile", "calibrate", str(H200 / "llama-3.1-8b-13c.yaml"),
                                       "--run", str(elsewhere)])
     assert result.exit_code == 0, result.output

@@ -4,7 +4,7 @@ g_x on an idle GPU, and the CPU engine's own work (the step less its waits) agai
 pre-layer, overhead and N x (pre-attention + attention + assist write + read). A served-to-idle
 CUDA ratio above 1 is the GPU engine's kernels running beside the assists; a CPU ratio above 1
 is work or slowness of the CPU engine that the profile's stage tables do not hold. Runs that
-recorded their steps' phases (`cpu-steps-dualpace.csv`, since session 16) get a second table:
+recorded their steps' phases (`cpu-steps-dualpace.csv.gz`, since session 16) get a second table:
 pre-attention and attention as served against their tables, and the rest of the CPU's work.
 
     DUALPACE_AZURE_DIR=... python -m dualpace_sim.validation.analysis.cpu_step_parts \\
@@ -78,7 +78,7 @@ def main() -> None:
     print(f"{len(steps)} Fused-Assist steps in {args.real}")
     print("\n".join(table(steps)))
     if any(s.phases is not None for s in steps):
-        print("\nthe CPU engine's own work, phase by phase (cpu-steps-dualpace.csv)")
+        print("\nthe CPU engine's own work, phase by phase (cpu-steps-dualpace.csv.gz)")
         print("\n".join(phase_table(steps)))
 
 

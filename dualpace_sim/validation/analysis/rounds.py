@@ -19,6 +19,7 @@ from dualpace_sim.core.routing import Route
 from dualpace_sim.costs.calibrate import ASSISTS_FILE, read_assist_calls
 from dualpace_sim.costs.cpu_step_records import CPU_STEPS_FILE, CpuStepRecord, read_cpu_steps
 from dualpace_sim.costs.fit.thresholds import route_cost
+from dualpace_sim.costs.record_csv import record_file
 from dualpace_sim.results.replay import journal_calls
 from dualpace_sim.results.served_rounds import ServedRound, served_rounds
 from dualpace_sim.sim.neo import executed_layer_s
@@ -120,13 +121,13 @@ class FusedAssistStep:
 def cpu_step_parts(scenario: str, real: str, costs: str | None = None
                    ) -> Iterator[FusedAssistStep]:
     """DualPace's Fused-Assist steps in the real run directory `real`, each with its assists
-    from the run's assist records (`assists-dualpace.csv`, one row per assist in the order
+    from the run's assist records (`assists-dualpace.csv.gz`, one row per assist in the order
     served: N per Fused-Assist step, one per Split-Final step). Priced with the profile the
     run used, or `costs`. Other routes' steps are passed over. Runs since session 16 also
-    record each step's phases (`cpu-steps-dualpace.csv`, one row a step in the same order)."""
+    record each step's phases (`cpu-steps-dualpace.csv.gz`, one row a step in the same order)."""
     cost, calls, journal = _replaying(scenario, real, "dualpace", costs)
-    assists = read_assist_calls(Path(real) / ASSISTS_FILE.format(policy="dualpace"))
-    recorded = Path(real) / CPU_STEPS_FILE.format(policy="dualpace")
+    assists = read_assist_calls(record_file(Path(real), ASSISTS_FILE, "dualpace"))
+    recorded = record_file(Path(real), CPU_STEPS_FILE, "dualpace")
     phases = iter(read_cpu_steps(recorded)) if recorded.is_file() else None
     per_route = {Route.FUSED_ASSIST: cost.n_layers, Route.SPLIT_FINAL: 1, Route.FULL_CPU: 0}
     n, used = cost.n_layers, 0

@@ -72,7 +72,7 @@ def test_quick_profile_has_provenance_fits_and_plots(quick_profile):
     assert cal is not None and cal.kept == [] and "Azure-Conversation" in cal.workload
     assert cal.runs == ["tiny-llama-calibration/fused-assist/run",
                         "tiny-llama-calibration/split-final/run"]
-    assert all((out.parent / r / "assists-dualpace.csv").is_file() for r in cal.runs)
+    assert all((out.parent / r / "assists-dualpace.csv.gz").is_file() for r in cal.runs)
     for r in cal.runs:  # served as `dualpace-hw run` serves: its host's figure recorded
         summary = json.loads((out.parent / r / "summary.json").read_text())
         assert all(1e8 < s["host_read_bytes_per_s"] < 1e13 for s in summary)
