@@ -9,13 +9,14 @@ from tests.validation.analysis.running import run
 
 
 def test_cpu_step_parts_are_the_documented_ones(azure_dir):
-    """Session 19's sustained-r3 against the profile it was calibrated into: the CPU engine's
+    """Session 19's sustained-r3 against the profile it ran with (its CPU tables are the
+    ones it was calibrated into): the CPU engine's
     own work 1.14-1.20x its model, the excess in attention from 64 rows (1.22x) and in
     pre-attention at few rows (1.20x)."""
     out = run("cpu_step_parts", "--scenario",
               "scenarios/h200/cpu-busy/llama-3.1-8b-sustained-r3.yaml", "--real",
               "docs/validation/cpu-busy/session19/sustained-r3/real", "--costs",
-              "calibration/h200-spr16/llama-3.1-8b.yaml",
+              "docs/validation/cpu-busy/session19/sustained-r3/real/profile.yaml",
               env={"DUALPACE_AZURE_DIR": str(azure_dir)})
     assert "1053 Fused-Assist steps" in out, out
     assert re.search(r"64-127\s+321\s+313\.4\s+29\.2\s+24\.1\s+11\.6\s+2\.07\s+284\.1\s+237\.5"
