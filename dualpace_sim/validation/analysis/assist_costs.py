@@ -24,6 +24,7 @@ from pathlib import Path
 
 from dualpace_sim.costs import CostModel, load_profile
 from dualpace_sim.costs.profile import PerAssistPath
+from dualpace_sim.validation.analysis import run_analysis
 from dualpace_sim.validation.analysis.rounds import cpu_steps
 
 
@@ -65,4 +66,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_analysis(main)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from dualpace_sim.validation.analysis import run_analysis
 from dualpace_sim.validation.analysis.rounds import FusedAssistStep, cpu_step_parts
 
 BATCHES = ((1, 15), (16, 63), (64, 127), (128, 179), (180, 1 << 30))
@@ -83,4 +84,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_analysis(main)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 import sys
 
+from dualpace_sim.validation.analysis import run_analysis
 from dualpace_sim.validation.analysis.rounds import cpu_steps, h200_run
 
 BUCKETS = ((1, 3), (4, 15), (16, 63), (64, 1 << 30))
@@ -32,4 +33,4 @@ def main(rates: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_analysis(main, sys.argv[1:])

@@ -19,6 +19,7 @@ import json
 import statistics
 from pathlib import Path
 
+from dualpace_sim.validation.analysis import run_analysis
 from dualpace_sim.validation.analysis.rounds import gpu_rounds, run_arguments, selected_runs
 
 
@@ -52,4 +53,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_analysis(main)

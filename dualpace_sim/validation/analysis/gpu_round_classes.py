@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 
 from dualpace_sim.results.served_rounds import ServedRound
+from dualpace_sim.validation.analysis import run_analysis
 from dualpace_sim.validation.analysis.rounds import gpu_rounds, run_arguments, selected_runs
 
 CLASSES = ("decode only", "prefill, < 256 tokens", "prefill, 256-1,023", "prefill, >= 1,024")
@@ -56,4 +57,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_analysis(main)

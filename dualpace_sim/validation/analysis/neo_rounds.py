@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 
+from dualpace_sim.validation.analysis import run_analysis
 from dualpace_sim.validation.analysis.rounds import (
     NeoRound,
     neo_rounds,
@@ -51,4 +52,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_analysis(main)

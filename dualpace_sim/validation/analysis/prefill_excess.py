@@ -23,6 +23,7 @@ import statistics
 import numpy as np
 
 from dualpace_sim.core.routing import Route
+from dualpace_sim.validation.analysis import run_analysis
 from dualpace_sim.validation.analysis.rounds import CpuStep, cpu_steps, gpu_rounds, run_arguments
 
 BINS = ((0, 0.5), (0.5, 2), (2, 5), (5, 10), (10, float("inf")))
@@ -74,4 +75,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_analysis(main)

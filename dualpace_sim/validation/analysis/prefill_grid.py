@@ -11,6 +11,7 @@ import sys
 
 from dualpace_sim.costs.model import Interp2D
 from dualpace_sim.costs.profile import Table2D, load_profile
+from dualpace_sim.validation.analysis import run_analysis
 
 OLD_CHUNKS = [16, 64, 256, 1024, 4096]
 OLD_CONTEXTS = [16, 256, 2048, 8192, 32768]
@@ -34,4 +35,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    run_analysis(main, sys.argv[1])

@@ -14,6 +14,8 @@ import argparse
 import csv
 from pathlib import Path
 
+from dualpace_sim.validation.analysis import run_analysis
+
 # metric -> largest |relative error| allowed (issue 19, item 4)
 TARGETS = {"throughput_tok_s": 0.10, "normalized_latency_s": 0.10, "p99_ttft_s": 0.20,
            "p99_itl_s": 0.20, "p99_tpot_s": 0.20, "cpu_token_fraction": 0.10}
@@ -63,4 +65,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_analysis(main)

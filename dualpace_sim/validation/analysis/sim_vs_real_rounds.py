@@ -21,6 +21,7 @@ from pathlib import Path
 
 from dualpace_sim.experiments.runner import run_scenario
 from dualpace_sim.results.trace_events import CPU_ENGINE, GPU_ENGINE
+from dualpace_sim.validation.analysis import run_analysis
 from dualpace_sim.validation.analysis.rounds import cpu_steps, gpu_rounds, run_arguments
 
 CPU_BATCHES = ((1, 15), (16, 63), (64, 127), (128, 159), (160, 179), (180, 1 << 30))
@@ -97,4 +98,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_analysis(main)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from dualpace_sim.validation.analysis import run_analysis
 from dualpace_sim.validation.analysis.rounds import gpu_rounds, run_arguments, selected_runs
 
 
@@ -41,4 +42,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_analysis(main)
