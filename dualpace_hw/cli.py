@@ -139,6 +139,12 @@ def run(
                             "tokenizer.json) whose weights to run, its shape the scenario's "
                             "model (default: seeded random weights; timing does not depend on "
                             "values)")] = None,
+    cpu_check: Annotated[bool, typer.Option(
+        "--cpu-check/--no-cpu-check",
+        help="time the profiler's CPU stages at a few of the profile's grid points on the CPU "
+             "engine's cores before and after each policy with a CPU engine (tens of seconds "
+             "each on a full-size model): the summary's cpu_speed, at which `dualpace-sim "
+             "validate` prices the run's CPU stages")] = True,
 ) -> None:
     """Replay SCENARIO's workload in real time against the real runtime (DualPace, vLLM and
     NEO, each on the runtime's executors) and write what `dualpace-sim run` writes."""
@@ -150,6 +156,7 @@ def run(
         check_out_dir,
         check_out_file,
     )
+    from dualpace_hw.profiler.cpu_check import cpu_speed_check
     from dualpace_hw.runtime.engines import EngineFailure
     from dualpace_hw.serving.serve import open_checkpoint, run_real
     from dualpace_sim.config.scenario import ScenarioError, load_scenario
@@ -172,11 +179,11 @@ def run(
                           loaded.profile.model, str(scenario))
         weights = None if checkpoint is None else open_checkpoint(checkpoint, loaded)
         summaries = run_real(loaded, out, device, cpu_cores, trace_events, cpu_tp, gpu_tp,
-                             policy, weights)
+                             policy, weights, cpu_speed_check if cpu_check else None)
     except (ScenarioError, ValueError, EngineFailure) as e:  # ArgumentError is a ValueError
         _fail(str(e))
     except KeyboardInterrupt:
-        typer.echo("interrupted: the engines stopped and the CPU engine's process exited; "
+        typer.echo("interrupted: the engines stopped (a CPU engine's process with them); "
                    f"what ran is in {out}/ (the stopped policy marked partial)", err=True)
         raise typer.Exit(130) from None
     for s in summaries:

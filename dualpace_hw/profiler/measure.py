@@ -144,36 +144,41 @@ class Measurer:
 
     def __init__(self, shape: ModelShape, gpu_device: torch.device, gpu_timer: Timer,
                  cpu_timer: Timer, grids: Grids, block_size: int, seed: int = 0,
-                 gpu_model: Model | None = None, cpu: bool = True) -> None:
+                 gpu_model: Model | None = None, cpu: bool = True, gpu: bool = True,
+                 budget: int | None = None) -> None:
         """gpu_model: the GPU-side layer to time, by default a random one of `shape`; a GPU
         tensor-parallel rank passes its shard (`shape` is then the shard's), whose `reduce`
-        all-reduces, so its stages include their all-reduces. cpu: whether to build the CPU
-        engine's layer and pool (a GPU rank times no CPU stage)."""
+        all-reduces, so its stages include their all-reduces. cpu, gpu: whether to build the
+        CPU engine's layer and pool (a GPU rank times no CPU stage) and the GPU's (the CPU
+        speed check times no GPU stage). budget: host memory the CPU layer ring and KV windows
+        may each take (default `timing_budget`)."""
         self.shape, self.grids, self.bs = shape, grids, block_size
         self.gpu_device = gpu_device
         self.gpu_t, self.cpu_t = gpu_timer, cpu_timer
-        if gpu_model is None:
-            gpu_model = Model(shape, ModelWeights.random(shape, seed, gpu_device, n_layers=1))
-        self.gpu = gpu_model
-        self.gpu_decode = _gpu_decode_kernel(gpu_device)
         cap = max(min(t, b * grids.max_request_context)
                   for b in grids.decode_batches for t in grids.decode_totals)
         cap = max(cap, max(grids.prefill_contexts + grids.prefill_chunks))
         n_blocks = -(-cap // block_size) + max(grids.decode_batches)
-        self.gpu_pool = PagedKVPool(shape, n_blocks, block_size, gpu_device, n_layers=1)
+        if gpu:
+            if gpu_model is None:
+                gpu_model = Model(shape, ModelWeights.random(shape, seed, gpu_device,
+                                                             n_layers=1))
+            self.gpu = gpu_model
+            self.gpu_decode = _gpu_decode_kernel(gpu_device)
+            self.gpu_pool = PagedKVPool(shape, n_blocks, block_size, gpu_device, n_layers=1)
         self.cpu: Model | None = None
         self.cpu_ring = self.cache_bytes = 0
         self.cpu_linear = self.cpu_decode = self.cpu_pool = None
         if cpu:
             keep_freed_memory()  # time the CPU stages with the CPU engine's allocator settings
             self.cache_bytes = hostinfo.last_level_cache_bytes()
-            self.cpu_ring = cpu_layer_ring(shape, self.cache_bytes)
+            self.cpu_ring = cpu_layer_ring(shape, self.cache_bytes, budget)
             one = ModelWeights.random(shape, seed, gpu_device, n_layers=1).map(
                 lambda t: t.cpu())  # drawn on the GPU where there is one: quicker
             self.cpu, self.cpu_linear = _pack(Model(shape, ring_of(one, self.cpu_ring)))
             del one
             self.cpu_decode = _cpu_decode_kernel()
-            self.cpu_pool = cpu_kv_pool(shape, n_blocks, block_size, self.cache_bytes)
+            self.cpu_pool = cpu_kv_pool(shape, n_blocks, block_size, self.cache_bytes, budget)
         self.kv_blocks = n_blocks  # the grids' blocks, without the windows' room
         self._assist = None
 

@@ -37,6 +37,8 @@ class DualPaceRuntime(Engines):
     The runtime owns `cpu_engine` (the CPU engine's process and the shared host KV pool) from
     here on: `serve` stops it and frees its memory however the run ends."""
 
+    uses_cpu_tier = True
+
     def __init__(self, specs: Sequence, config: SchedulerConfig, gpu: GpuEngine,
                  cpu_engine: CpuEngineProcess) -> None:
         super().__init__(specs, config.block_size, gpu.shape.vocab_size)

@@ -78,6 +78,10 @@ GPU_WORK = ("forward", "iteration")
 class Engines:
     """Shared plumbing: clock, lock, wake-ups, stop, failure propagation, arrivals, journal."""
 
+    # Whether the policy runs stages on the host's cores (a CPU engine, NEO's CPU attention):
+    # `dualpace-hw run` then checks the CPU's speed against the profile around it.
+    uses_cpu_tier = False
+
     def __init__(self, specs: Sequence, block_size: int, vocab: int) -> None:
         self.requests = [Request.create(i, s.arrival_s, s.prompt_tokens, s.max_tokens,
                                         block_size) for i, s in enumerate(specs)]

@@ -49,6 +49,8 @@ class NeoRuntime(Engines):
     """NEO's one engine loop over an HBM pool, a pinned host pool and a CPU attention thread
     (on `cores` when given)."""
 
+    uses_cpu_tier = True
+
     def __init__(self, specs: Sequence, config: NeoConfig, predictor: NeoPredictor,
                  gpu: GpuEngine, cores: list[int] | None = None) -> None:
         if gpu.tensor_parallel != 1:

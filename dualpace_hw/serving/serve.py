@@ -8,6 +8,7 @@ import contextlib
 import json
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from dualpace_hw.runtime.processes import cores_off, engine_cores, on_cores
 from dualpace_sim.config.scenario import LoadedScenario
 from dualpace_sim.core.journal import JOURNAL_FILE
 from dualpace_sim.core.policies import POLICIES, policy_named, resolve
+from dualpace_sim.costs.profile import Profile
 from dualpace_sim.costs.shapes import ModelShape
 from dualpace_sim.plots.runs import plot_timeline
 from dualpace_sim.results.node_series import (
@@ -172,6 +174,23 @@ def host_read_on(cores: list[int] | None) -> float:
         return host_read_bytes_per_s()
 
 
+# (profile, the device that draws the check's weights) -> the check's record: the profiler's
+# `cpu_speed_check`, which `dualpace-hw run` hands in (the profiler is a layer above this one).
+SpeedCheck = Callable[[Profile, str], dict | None]
+
+
+def cpu_speed_on(check: SpeedCheck | None, loaded: LoadedScenario, policy: str,
+                 cores: list[int] | None, device: str, cpu_tp: int) -> dict | None:
+    """The CPU engine's speed against the profile's CPU tables, timed by `check` on the CPU
+    engine's cores where `policy` runs stages on the host: before it serves and after. None
+    without a check, for a GPU-only policy, under CPU tensor parallelism (the tables are
+    then a rank's shard) and for a roofline profile (no host measured to compare with)."""
+    if check is None or cpu_tp != 1 or not resolve(policy_named(policy).runtime).uses_cpu_tier:
+        return None
+    with on_cores(cores):
+        return check(loaded.profile, "cuda" if device.startswith("cuda") else "cpu")
+
+
 def check_split(shape: ModelShape, device: str, cpu_tp: int, gpu_tp: int) -> None:
     """Refuse a tensor-parallel split the model or the box cannot take, before anything
     starts, naming the flag."""
@@ -196,10 +215,13 @@ def stop_reason(e: BaseException) -> str:
 def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
              cpu_cores: int | None = None, trace_events: Path | None = None,
              cpu_tp: int = 1, gpu_tp: int = 1, policies: list[str] | None = None,
-             checkpoint: Checkpoint | None = None) -> list[dict]:
+             checkpoint: Checkpoint | None = None,
+             speed_check: SpeedCheck | None = None) -> list[dict]:
     """Run every policy the runtime has for real, or those of `policies` in that order (the
     scenario's by default); write results after each one (and the timeline trace, one process
-    per policy, when `trace_events` names a file). A policy stopped by SIGINT, SIGTERM or an
+    per policy, when `trace_events` names a file). With `speed_check`, each policy with a CPU
+    engine has its cores' speed against the profile checked before and after it serves (its
+    summary's `cpu_speed`). A policy stopped by SIGINT, SIGTERM or an
     engine failure still writes what it did (every request's tokens so far, its journal) with
     `"partial": true` and `stopped_by` in its summary, and the stop is raised again. The
     policies share the process: one run second finds the kernels the first compiled, so the
@@ -221,6 +243,8 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
     frames, summaries, series = earlier_policies(out, digest, policies)
     traces: list[TraceRecorder] = []
     for policy in policies:
+        start = cpu_speed_on(speed_check, loaded, policy, engine_cores(cpu_cores), device,
+                             cpu_tp)
         runtime = build_runtime(loaded, policy, device, cpu_cores, cpu_tp=cpu_tp, gpu_tp=gpu_tp,
                                 checkpoint=checkpoint)
         engines = runtime.describe_engines()
@@ -242,9 +266,15 @@ def run_real(loaded: LoadedScenario, out: Path, device: str = "cuda",
             out, loaded, policy, runtime, runtime.requests, loaded.spec.workload.rate,
             device=device, cpu_tp=cpu_tp, gpu_tp=gpu_tp, host_read_bytes_per_s=read,
             partial=stopped is not None,
-            **({"stopped_by": stop_reason(stopped)} if stopped is not None else {}))
+            **({"stopped_by": stop_reason(stopped)} if stopped is not None else {}),
+            **({"cpu_speed": {"start": start}} if start is not None else {}))
         summaries.append(stamp(summary, digest, record))
         write_results(out, frames, summaries, series, record)
+        if start is not None and stopped is None:  # after the results: a stop here loses none
+            del runtime
+            summaries[-1]["cpu_speed"]["end"] = cpu_speed_on(
+                speed_check, loaded, policy, engine_cores(cpu_cores), device, cpu_tp)
+            write_json(out / "summary.json", summaries)
         if trace_events is not None:
             write_trace(trace_events, traces)
         if stopped is not None:

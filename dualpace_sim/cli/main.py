@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -60,6 +61,13 @@ def _notes(notes: list[str]) -> None:
     """Notes go to stderr, with --quiet too: they qualify the results, as warnings would."""
     for note in notes:
         typer.echo(f"note: {note}", err=True)
+
+
+class CpuSpeedSource(enum.StrEnum):
+    """Where `validate` takes the CPU engine's speed from."""
+
+    run = "run"
+    profile = "profile"
 
 
 SET_HELP = ("change a scenario field without editing the file: a dotted key and a YAML value, "
@@ -331,6 +339,12 @@ def validate(
         "--limit", metavar="METRIC=FRACTION",
         help="one metric's limit instead (repeat; any metric of the table, such as "
              "p99_ttft_s=0.3 or cpu_token_fraction=0.1); alone, only these are checked")] = None,
+    cpu_speed: Annotated[CpuSpeedSource, typer.Option(
+        "--cpu-speed",
+        help="run: price the CPU engine's stages at the speed the run measured its cores at "
+             "against the profile (its summary's cpu_speed, checked before and after each "
+             "policy with a CPU engine; runs without it are priced as profiled); profile: "
+             "always as profiled")] = CpuSpeedSource.run,
     quiet: Annotated[bool, typer.Option(
         "--quiet", "-q", help="no progress bar or table; misses are still printed and still "
                               "exit 1")] = False,
@@ -346,7 +360,8 @@ def validate(
 
     try:
         limits = parse_limits(max_rel_error, limit or [])  # before minutes of simulation
-        result = run_validation(real, scenario, out, progress=not quiet, costs=costs)
+        result = run_validation(real, scenario, out, progress=not quiet, costs=costs,
+                                cpu_speed=cpu_speed.value)
     except (ScenarioError, SimulationStalled, ValidateError) as e:
         _fail(str(e))
     diverged = [r for r in result.replays if not r.ok]

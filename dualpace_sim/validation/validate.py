@@ -27,6 +27,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -34,6 +35,7 @@ import pyarrow as pa
 
 from dualpace_sim.config.scenario import LoadedScenario, load_scenario
 from dualpace_sim.core.journal import JournalError
+from dualpace_sim.costs.cpu_speed import CpuSpeedError, at_cpu_speed, cpu_speed
 from dualpace_sim.costs.profile import Controls, Profile, load_profile
 from dualpace_sim.experiments.runner import simulate
 from dualpace_sim.plots.runs import plot_latency_cdf_overlay, plot_timeline_overlay
@@ -264,6 +266,27 @@ def host_read_notes(real: RealRun, profile: Profile) -> list[str]:
     return notes
 
 
+def at_run_cpu_speed(scenario: Path | str, loaded: LoadedScenario, real: RealRun, policy: str
+                     ) -> tuple[LoadedScenario, list[str]]:
+    """`loaded` with the CPU engine's stages priced at the speed `policy`'s run measured its
+    host at (`cpu_speed` in its summary: `dualpace_sim.costs.cpu_speed`), and a note saying
+    so; `loaded` itself where the run has no such record (older runs, GPU-only policies)."""
+    record = real.summaries[policy].get("cpu_speed")
+    if record is None:
+        return loaded, []
+    where = f"{real.path / 'summary.json'}: {policy}: cpu_speed"
+    try:
+        speed = cpu_speed(record, loaded.profile, where)
+    except CpuSpeedError as e:
+        raise ValidateError(f"{e}; delete the record to price the run as profiled") from None
+    if speed is None:
+        return loaded, []
+    note = (f"note: {policy}'s run timed its CPU engine's cores at {speed.line()}, checked "
+            "before and after it served; the simulation prices its CPU stages at that speed "
+            "(--cpu-speed profile: as profiled)")
+    return load_scenario(scenario, profile=at_cpu_speed(loaded.profile, speed)), [note]
+
+
 def _check_requests(path: Path, policy: str, df: pd.DataFrame,
                     loaded: LoadedScenario) -> list[str]:
     specs = loaded.requests
@@ -359,10 +382,12 @@ def format_table(table: pd.DataFrame) -> str:
 
 
 def validate(real_dir: Path | str, scenario: Path | str, out_dir: Path | str | None = None,
-             progress: bool = False, costs: Path | str | None = None) -> ValidationResult:
+             progress: bool = False, costs: Path | str | None = None,
+             cpu_speed: Literal["run", "profile"] = "run") -> ValidationResult:
     """Simulate ``scenario`` for each policy of the real run in ``real_dir``, compare, and write
     validation.csv, sim/{requests.parquet,summary.json} and the overlay plots to ``out_dir``
-    (default ``real_dir``/validation).
+    (default ``real_dir``/validation). `cpu_speed` "run": a policy whose run checked its CPU
+    engine's speed has its CPU stages priced at it (`at_run_cpu_speed`); "profile": as tabled.
 
     Raises ValidateError (bad real directory or a mismatch with the scenario), ScenarioError
     (bad scenario) or SimulationStalled (the simulator cannot serve the load).
@@ -382,7 +407,11 @@ def validate(real_dir: Path | str, scenario: Path | str, out_dir: Path | str | N
     sim_summaries: list[dict] = []
     record, digest = provenance(loaded), scenario_hash(loaded.path)
     for policy in real.frames:
-        records, summary = simulate(loaded, policy, progress)
+        priced = loaded
+        if cpu_speed == "run":
+            priced, speed_notes = at_run_cpu_speed(scenario, loaded, real, policy)
+            notes += speed_notes
+        records, summary = simulate(priced, policy, progress)
         sim_frames[policy] = records.frame()  # compared request by request below
         sim_summaries.append(stamp(summary, digest, record))
     sim_dir = out / "sim"

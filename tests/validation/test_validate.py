@@ -393,3 +393,49 @@ def test_a_run_served_on_a_host_of_other_read_bandwidth_is_noted(real_run, tmp_p
     assert len(notes) == 1 and notes[0].startswith(f"note: {real}: dualpace served on a host "
                                                    "reading memory at 100.0 GB/s, 8% more")
     assert "0.93x their tables' times there (faster)" in notes[0]
+
+
+def test_a_runs_cpu_speed_prices_its_cpu_stages(real_run, tmp_path):
+    """A run that checked its CPU engine at twice the profile's speed (its summary's
+    `cpu_speed`): DualPace is simulated with its CPU stages at that speed (a note says so) and
+    comes out faster than the run, made at the profile's speed; vLLM, without a check, is not
+    touched; --cpu-speed profile prices as profiled (zero error again), and a check at exactly
+    the profile's speed changes nothing."""
+    from dualpace_sim.costs import CostModel, load_profile
+
+    scenario, real = real_run
+    cost = CostModel(load_profile(RTX4090_LLAMA))
+
+    def record(factor: float) -> dict:
+        return {"start": {"points": [
+            {"table": "cpu.pre_attn", "x": 64, "measured_s": factor * cost.cpu_pre_attn(64)},
+            {"table": "cpu.decode_attn", "x": 64, "y": 65536,
+             "measured_s": factor * cost.cpu_decode_attn(64, 65536)}]}}
+
+    summary = json.loads((real / "summary.json").read_text())
+    summary[0]["cpu_speed"] = record(0.5)
+    (real / "summary.json").write_text(json.dumps(summary))
+    result = invoke("--real", real, scenario, "--out", tmp_path / "run-speed")
+    assert result.exit_code == 0, result.output
+    assert ("note: dualpace's run timed its CPU engine's cores at 0.50x the profile's CPU dense "
+            "stages and 0.50x its decode attention (1 check(s))") in result.output
+    table = pd.read_csv(tmp_path / "run-speed" / "validation.csv").set_index(["policy", "metric"])
+    assert table.loc[("dualpace", "normalized_latency_s"), "relative_error"] < 0
+    assert (table.loc["vllm", "relative_error"] == 0).all()
+
+    result = invoke("--real", real, scenario, "--out", tmp_path / "profiled", "--cpu-speed",
+                    "profile")
+    assert result.exit_code == 0 and "timed its CPU" not in result.output, result.output
+    assert (pd.read_csv(tmp_path / "profiled" / "validation.csv")["relative_error"] == 0).all()
+
+    summary[0]["cpu_speed"] = record(1.0)
+    (real / "summary.json").write_text(json.dumps(summary))
+    assert (validate(real, scenario, tmp_path / "as-profiled").table["relative_error"] == 0).all()
+
+    summary[0]["cpu_speed"] = {"start": {"points": [{"table": "cpu.pre_attn", "x": "64"}]}}
+    (real / "summary.json").write_text(json.dumps(summary))
+    result = invoke("--real", real, scenario, "--out", tmp_path / "bad")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.output.strip() == (
+        f"error: {real / 'summary.json'}: dualpace: cpu_speed.start.points[0].measured_s: "
+        "expected a positive number, got None; delete the record to price the run as profiled")

@@ -22,16 +22,6 @@ from dualpace_sim.costs.profile import check_magnitudes
 pytestmark = pytest.mark.usefixtures("keep_the_cores")
 
 
-@pytest.fixture(scope="module")
-def quick_profile(tmp_path_factory):
-    out = tmp_path_factory.mktemp("prof") / "tiny-llama.yaml"
-    result = CliRunner().invoke(hw_app, [
-        "profile", "--model", "tiny-llama", "--out", str(out), "--quick", "--gpu-device", "cpu",
-        "--box", "ci-box", "--cpu-cores", "2", "--quiet"])
-    assert result.exit_code == 0, result.output
-    return out, result.output
-
-
 def test_quick_profile_has_provenance_fits_and_plots(quick_profile):
     out, output = quick_profile
     profile = load_profile(out)
