@@ -115,6 +115,12 @@ REAL_SUMMARY: list[Row] = [
     ("host_read_bytes_per_s", "bytes/s",
      "the host's memory read bandwidth on the CPU engine's cores, measured before serving (as "
      "the profile's `provenance.host_read_bytes_per_s`; `validate` notes a difference)"),
+    ("cpu_speed", "",
+     "`run`, a policy with a CPU engine: its CPU speed check before (`start`) and after "
+     "(`end`) serving, each the profiler's CPU pre-attention and decode attention timed at "
+     "profile grid points on the engine's cores: `pre_attn` and `decode_attn` (median "
+     "measured/profiled) and the `points`; null where skipped (`--no-cpu-check`, a roofline "
+     "profile, a stopped run's end). `validate --cpu-speed run` prices the CPU stages at it"),
     ("partial", "", "`run`: true when the run was stopped before every request finished"),
     ("stopped_by", "", "`run`, a stopped run only: SIGINT, SIGTERM or the engine failure"),
     ("served", "", "`serve`: true (the arrivals were the clients'; rate is null)"),

@@ -241,12 +241,17 @@ def host_read_notes(real: RealRun, profile: Profile) -> list[str]:
     `dualpace-hw run` call measures its own machine) more than HOST_READ_RTOL off the one
     `profile` (the costs that price the run) was measured at. Two machines of one kind can
     differ there by 20 %, and the CPU engine's memory-bound stages follow it, while its
-    compute-bound ones do not. Nothing where either figure is missing (older runs, profiles)."""
+    compute-bound ones do not. Nothing where either figure is missing (older runs, profiles),
+    nor for a policy whose run checked its CPU engine's speed (`cpu_speed`): the check times the
+    stages themselves, and on the H200 box it found them at 1.04x their tables where this probe
+    read 58 GB/s against the profile's 126 (docs/validation/README.md, session 23)."""
     profiled = profile.provenance.host_read_bytes_per_s
     if profiled is None:
         return []
     served: dict[float, list[str]] = {}
     for policy, summary in real.summaries.items():
+        if any((summary.get("cpu_speed") or {}).values()):
+            continue
         value = summary.get("host_read_bytes_per_s")
         if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
             served.setdefault(float(value), []).append(policy)

@@ -361,7 +361,8 @@ def test_a_quick_profile_is_noted(real_run, tmp_path):
 def test_a_run_served_on_a_host_of_other_read_bandwidth_is_noted(real_run, tmp_path):
     """The run's host read bandwidth (its summary's, `dualpace-hw run` measures it) more than
     5 % off the profile's: one note with both figures, the difference and what it means; none
-    within 5 %, nor where either side lacks the figure (older runs and profiles)."""
+    within 5 %, nor where either side lacks the figure (older runs and profiles), nor for a
+    policy whose run checked its CPU engine's speed (the check supersedes the probe)."""
     from dualpace_sim.costs import load_profile
     from dualpace_sim.validation.validate import host_read_notes, read_real_run
 
@@ -393,6 +394,11 @@ def test_a_run_served_on_a_host_of_other_read_bandwidth_is_noted(real_run, tmp_p
     assert len(notes) == 1 and notes[0].startswith(f"note: {real}: dualpace served on a host "
                                                    "reading memory at 100.0 GB/s, 8% more")
     assert "0.93x their tables' times there (faster)" in notes[0]
+    summary[0]["cpu_speed"] = {"start": {"pre_attn": 1.0, "points": []}, "end": None}
+    summary[1]["host_read_bytes_per_s"] = 100e9
+    (real / "summary.json").write_text(json.dumps(summary))
+    notes = host_read_notes(read_real_run(real), profiled)  # dualpace's check timed its stages
+    assert len(notes) == 1 and notes[0].startswith(f"note: {real}: vllm served on a host ")
 
 
 def test_a_runs_cpu_speed_prices_its_cpu_stages(real_run, tmp_path):
