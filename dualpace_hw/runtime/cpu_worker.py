@@ -48,6 +48,7 @@ from dualpace_hw.executors.tp import all_reduce, shard_shape, shard_weights
 from dualpace_hw.hostinfo import rank_cores
 from dualpace_hw.memory.kv import PagedKVPool
 from dualpace_hw.memory.shm import ArenaHandle, SharedArena, TensorRef
+from dualpace_hw.runtime.collector import ServingCollector
 from dualpace_hw.runtime.processes import forget, gloo_rendezvous, spawn, stop
 from dualpace_sim.core.routing import Route
 from dualpace_sim.costs.shapes import ModelShape
@@ -267,15 +268,16 @@ def _worker_main(conn, spec: WorkerSpec) -> None:
         # tokens there before reading them.
         ex.run(CpuStep(Route.FULL_CPU, [-1], [0], [0], [[0]]))
         conn.send(("ready", os.getpid()))
-        while True:
-            msg = conn.recv()
-            if msg[0] != "step":
-                return
-            start, assist.waited_s = time.perf_counter(), 0.0
-            model.rows = msg[2]
-            tokens = ex.run(msg[1])
-            conn.send(("done", tokens, time.perf_counter() - start, assist.waited_s,
-                       ex.phases))
+        with ServingCollector():  # a full collection would stall a step, as the GPU engine's
+            while True:
+                msg = conn.recv()
+                if msg[0] != "step":
+                    return
+                start, assist.waited_s = time.perf_counter(), 0.0
+                model.rows = msg[2]
+                tokens = ex.run(msg[1])
+                conn.send(("done", tokens, time.perf_counter() - start, assist.waited_s,
+                           ex.phases))
     except (EOFError, BrokenPipeError, WorkerStopped):
         return  # the parent is gone or stopped us
     except BaseException as e:  # noqa: BLE001 - reported to the parent

@@ -22,6 +22,7 @@ import torch
 
 from dualpace_hw.executors.sampling import Sampler, SamplingParams
 from dualpace_hw.memory.tokens import TokenStore
+from dualpace_hw.runtime.collector import ServingCollector
 from dualpace_hw.runtime.cpu_worker import WorkerFailed
 from dualpace_hw.runtime.gpu_ranks import LeadExecutor
 from dualpace_hw.runtime.processes import cores_off
@@ -60,6 +61,10 @@ class RunStats:
     chunked_buckets_warmed: int = 0  # chunked rounds' token buckets captured in the warm-up
     graph_captures: int = 0  # decode graphs captured on first use, on the clock (rounds paid)
     routes: dict[str, int] = field(default_factory=dict)
+    # The GPU engine's process's garbage collections while serving (`ServingCollector`).
+    gc_collections: list[int] = field(default_factory=lambda: [0, 0, 0])  # per generation
+    gc_pause_s: float = 0.0
+    gc_longest_pause_s: float = 0.0
 
 
 def prompt_ids(req_id: int, n: int, vocab: int) -> list[int]:
@@ -260,19 +265,9 @@ class Engines:
         if isinstance(self.gpu, LeadExecutor):
             self.gpu.close()
 
-    def run(self, loops: dict[str, object], submit, finished) -> list[Request]:
-        threads = [threading.Thread(target=self._guard, args=(n, f), name=n, daemon=True)
-                   for n, f in loops.items()]
-        threads.append(threading.Thread(target=self._guard, name="arrivals", daemon=True,
-                                        args=("load generator", lambda: self._arrivals(submit))))
-        # First-use compiles and graph captures, off the clock.
-        self.stats.warm_up_s, self.stats.graphs_warmed = self.gpu.warm_up(*self.warm_for or (
-            min(len(self.requests), self.gpu.pool.n_blocks),  # a decoding request holds a block
-            max((r.prompt_tokens + r.max_tokens for r in self.requests), default=0)),
-            self.round_tokens)
-        self.stats.chunked_buckets_warmed = self.gpu.chunked_buckets
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(0.0005)  # bound a GIL hand-off to 0.5 ms instead of 5 ms
+    def _serve(self, threads: list[threading.Thread], submit, finished) -> None:
+        """Start the clock and the engines' threads, and wait until every request finished,
+        the run is stopped or a rank is lost."""
         self.t0 = time.perf_counter()
         self._submit = submit
         self.started.set()
@@ -294,14 +289,34 @@ class Engines:
             for t in threads:
                 t.join(5)
             raise
+
+    def run(self, loops: dict[str, object], submit, finished) -> list[Request]:
+        threads = [threading.Thread(target=self._guard, args=(n, f), name=n, daemon=True)
+                   for n, f in loops.items()]
+        threads.append(threading.Thread(target=self._guard, name="arrivals", daemon=True,
+                                        args=("load generator", lambda: self._arrivals(submit))))
+        # First-use compiles and graph captures, off the clock.
+        self.stats.warm_up_s, self.stats.graphs_warmed = self.gpu.warm_up(*self.warm_for or (
+            min(len(self.requests), self.gpu.pool.n_blocks),  # a decoding request holds a block
+            max((r.prompt_tokens + r.max_tokens for r in self.requests), default=0)),
+            self.round_tokens)
+        self.stats.chunked_buckets_warmed = self.gpu.chunked_buckets
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(0.0005)  # bound a GIL hand-off to 0.5 ms instead of 5 ms
+        collector = ServingCollector()
+        try:
+            with collector:  # no full collections while serving
+                self._serve(threads, submit, finished)
         finally:
             sys.setswitchinterval(interval)
+            self.stats.gc_collections = collector.seen.counts
+            self.stats.gc_pause_s = collector.seen.pause_s
+            self.stats.gc_longest_pause_s = collector.seen.longest_s
         self.stats.wall_s = self.now()
         self.stats.graph_captures = self.gpu.graph_captures
         if self.error is not None:
             raise self.error
         return self.requests
-
 
 
 def trace_gpu_round(engines: Engines, plan, start_s: float, end_s: float) -> None:

@@ -144,6 +144,10 @@ REAL_ENGINE: list[Row] = [
      "token buckets of the chunked rounds' layer graphs captured in the warm-up"),
     ("graph_captures", "graphs", "decode CUDA graphs captured on first use, on the clock"),
     ("routes", "", "CPU rounds per route (Full-CPU, Split-Final, Fused-Assist)"),
+    ("gc_collections", "collections", "the GPU engine's process's garbage collections while "
+     "serving, per generation (full ones, the third, are skipped while serving)"),
+    ("gc_pause_s", "s", "what those collections paused the process for, in all"),
+    ("gc_longest_pause_s", "s", "the longest of them"),
     ("launch_s", "s", "NEO: the per-layer launch term its predictor decided with"),
     ("pipelined_iterations", "iterations", "NEO: iterations of two sub-batches"),
     ("swap_outs", "requests", "NEO: requests moved GPU to host"),

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from dualpace_sim.config.scenario import LoadedScenario
 from dualpace_sim.core.journal import JOURNAL_FILE, Journal
+from dualpace_sim.core.plans import GpuPlan
 from dualpace_sim.costs.profile import Profile, RoundOverheadCalibration
 from dualpace_sim.results.replay import journal_calls
 
@@ -67,6 +68,9 @@ def served_rounds(loaded: LoadedScenario, run_dir: Path, policy: str) -> Iterato
                 cpu_step = False
         elif e.engine == "gpu" and e.call == "schedule":
             plan = calls.plan("gpu")
+            if not isinstance(plan, GpuPlan):
+                raise ValueError(f"{policy}'s GPU plans are {type(plan).__name__}s: "
+                                 "served_rounds prices GpuPlans (DualPace's, vLLM's)")
             if plan.has_forward and e.data.get("committed", True):
                 chunks = [(c.tokens, c.start + c.tokens) for c in plan.prefills]
                 layer = cost.gpu_layer(plan.n_tokens, chunks, len(plan.decodes),
@@ -81,6 +85,18 @@ def served_rounds(loaded: LoadedScenario, run_dir: Path, policy: str) -> Iterato
             yield ServedRound(index, tokens, prefill, e.t - start, fixed, layer, cost.n_layers,
                               busy, to_cpu, cost.gpu_iteration_overhead, start)
             index, pending = index + 1, None
+
+
+# A stall: a round over STALL_S and STALL_RATIO times its model. On the H200 box full garbage
+# collections held decode rounds of a few rows (about 5 ms) for 0.19-0.54 s; the longest
+# rounds that were only work (a 4,096-token prefill) ran 1.1-1.5x their model.
+STALL_S = 0.1
+STALL_RATIO = 5.0
+
+
+def stalls(rounds: Iterable[ServedRound]) -> list[ServedRound]:
+    """The rounds in which the engine stalled rather than worked (STALL_S, STALL_RATIO)."""
+    return [r for r in rounds if r.real_s > STALL_S and r.real_s > STALL_RATIO * r.model_s]
 
 
 def served_round_overhead(rounds: Iterable[ServedRound], runs: list[str]

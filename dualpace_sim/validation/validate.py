@@ -34,7 +34,7 @@ import pandas as pd
 import pyarrow as pa
 
 from dualpace_sim.config.scenario import LoadedScenario, load_scenario
-from dualpace_sim.core.journal import JournalError
+from dualpace_sim.core.journal import JOURNAL_FILE, JournalError
 from dualpace_sim.costs.cpu_speed import CpuSpeedError, at_cpu_speed, cpu_speed
 from dualpace_sim.costs.profile import Controls, Profile, load_profile
 from dualpace_sim.experiments.runner import simulate
@@ -44,6 +44,7 @@ from dualpace_sim.results.outputs import write_json
 from dualpace_sim.results.provenance import RUN_PROFILE, parquet_metadata, provenance, scenario_hash
 from dualpace_sim.results.records import read_records, write_records
 from dualpace_sim.results.replay import ReplayReport, replay_run
+from dualpace_sim.results.served_rounds import STALL_RATIO, STALL_S, served_rounds, stalls
 from dualpace_sim.results.summary import stamp
 
 METRICS = (
@@ -271,6 +272,31 @@ def host_read_notes(real: RealRun, profile: Profile) -> list[str]:
     return notes
 
 
+def stall_notes(real: RealRun, loaded: LoadedScenario) -> list[str]:
+    """A note for each policy whose real GPU engine stalled (`served_rounds.stalls`): a pause
+    of the engine's process that no cost prices (on the H200 box, full garbage collections
+    before the runtime skipped them while serving, docs/validation/README.md, session 24),
+    which the simulator does not have and which moves the run's P99s. Policies whose GPU plans
+    are not GpuPlans (NEO's iterations) are passed over."""
+    notes = []
+    for policy in real.frames:
+        if not (real.path / JOURNAL_FILE.format(policy=policy)).exists():
+            continue
+        try:
+            found = stalls(served_rounds(loaded, real.path, policy))
+        except ValueError:
+            continue
+        if found:
+            worst = max(found, key=lambda r: r.real_s)
+            notes.append(
+                f"note: {policy}'s real GPU engine stalled in {len(found)} round(s) (over "
+                f"{STALL_S:g} s and {STALL_RATIO:g}x the model; the longest {worst.real_s:.2f} s "
+                f"at {worst.start_s:.1f} s into the run, priced {worst.model_s * 1e3:.1f} ms): "
+                "pauses of the engine's process that the simulator does not have; requests "
+                "arriving in one wait it out, so the run's P99s carry them")
+    return notes
+
+
 def at_run_cpu_speed(scenario: Path | str, loaded: LoadedScenario, real: RealRun, policy: str
                      ) -> tuple[LoadedScenario, list[str]]:
     """`loaded` with the CPU engine's stages priced at the speed `policy`'s run measured its
@@ -402,6 +428,7 @@ def validate(real_dir: Path | str, scenario: Path | str, out_dir: Path | str | N
                                       Path(costs) if costs is not None else None)
     notes += check_against_scenario(real, loaded)
     notes += host_read_notes(real, loaded.profile)
+    notes += stall_notes(real, loaded)
     out = Path(out_dir) if out_dir is not None else real.path / "validation"
 
     try:  # before anything is written: a bad journal must not leave a half validation

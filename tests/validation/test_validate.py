@@ -445,3 +445,36 @@ def test_a_runs_cpu_speed_prices_its_cpu_stages(real_run, tmp_path):
     assert result.output.strip() == (
         f"error: {real / 'summary.json'}: dualpace: cpu_speed.start.points[0].measured_s: "
         "expected a positive number, got None; delete the record to price the run as profiled")
+
+
+def test_a_stalled_gpu_round_of_a_real_run_is_a_note(tmp_path, azure_dir):
+    """A round that took far longer than its plan's price (a garbage collection held the H200
+    box's GPU engine 0.2-0.5 s) is named, with its length and time. The committed 8 req/s run
+    has one, 0.16 s three seconds in (its runtime still made full collections while serving);
+    holding one more round 0.5 s makes two, that one the longest."""
+    import gzip
+
+    from dualpace_sim.validation.validate import load_for_real_run, read_real_run, stall_notes
+    from tests.conftest import REPO_ROOT
+
+    scenario = REPO_ROOT / "scenarios/h200/validation/llama-3.1-8b-r8.yaml"
+    served = REPO_ROOT / "docs/validation/r8/real"
+    loaded = load_for_real_run(scenario, served, None)[0]
+    (note,) = stall_notes(read_real_run(served), loaded)
+    assert note.startswith("note: dualpace's real GPU engine stalled in 1 round(s)")
+    assert "the longest 0.16 s at 3.0 s into the run" in note
+
+    real = tmp_path / "real"
+    shutil.copytree(served, real)
+    path = real / "journal-dualpace.jsonl.gz"
+    with gzip.open(path, "rt") as f:
+        entries = [json.loads(line) for line in f]
+    applies = [i for i, e in enumerate(entries) if e["engine"] == "gpu" and e["call"] == "apply"]
+    held = applies[len(applies) // 2]  # this round ends 0.5 s late, and all after it with it
+    for e in entries[held:]:
+        e["t"] += 0.5
+    with gzip.open(path, "wt") as f:
+        f.writelines(json.dumps(e) + "\n" for e in entries)
+    (note,) = stall_notes(read_real_run(real), loaded)
+    assert note.startswith("note: dualpace's real GPU engine stalled in 2 round(s)")
+    assert "the longest 0.5" in note
