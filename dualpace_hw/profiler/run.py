@@ -17,6 +17,7 @@ import torch
 
 from dualpace_hw import hostinfo as box
 from dualpace_hw.executors.tp import shard_shape
+from dualpace_hw.kernels.cpu_attention import pin_threads
 from dualpace_hw.kernels.host_read import host_read_bytes_per_s
 from dualpace_hw.profiler.calibration import CalibrationWorkload, calibrated, serve_passes
 from dualpace_hw.profiler.grids import Grids
@@ -28,7 +29,7 @@ from dualpace_hw.profiler.rank_round import RankRounds, timed_depth, with_rank_r
 from dualpace_hw.profiler.ranks import CPU_STAGES, GPU_STAGES, CpuRanks, GpuRanks
 from dualpace_hw.profiler.timing import Protocol, Timer
 from dualpace_hw.runtime.cpu_worker import ASSIST_KINDS
-from dualpace_hw.runtime.processes import on_cores
+from dualpace_hw.runtime.processes import on_cores, place_all_threads
 from dualpace_sim.common.progress import progress_bar
 from dualpace_sim.config.scenario import ScenarioError
 from dualpace_sim.costs.calibrate import CalibrationError
@@ -89,9 +90,18 @@ def _threads(cores: int | None) -> int:
     n = available if cores is None else cores
     if n > available:
         raise ProfileRunError(f"--cpu-cores {n}: only {available} cores are usable here")
-    if hasattr(os, "sched_setaffinity") and cores is not None:
-        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:n])
     torch.set_num_threads(n)
+    if hasattr(os, "sched_setaffinity") and cores is not None:
+        mine = sorted(os.sched_getaffinity(0))[:n]
+        os.sched_setaffinity(0, mine)
+        # One OpenMP thread pinned to each core, as the runtime's CPU engine runs on its
+        # --cpu-cores: on the H200 box the same attention call took 0.73-1.37x as long with
+        # the threads floating over those cores, by shape (benchmarks/results/kernels). The
+        # calling thread, the team's first, gets its mask back: what follows reads the
+        # measured cores from it (CPU and GPU ranks, the stand-in CPU engine), and its one
+        # free core is its pinned core's.
+        pin_threads(mine)
+        os.sched_setaffinity(0, mine)
     return n
 
 
@@ -281,6 +291,7 @@ def run_profile(opt: Options) -> Profile:
     fitted = with_controls(profile, result)
     fitted.save(opt.out)
     if opt.calibration:  # served as `dualpace-hw run` serves: on all the process's cores
+        place_all_threads(box_cores)  # the measured cores' pinned threads let go
         with on_cores(box_cores):
             fitted, result = _calibrate(opt, fitted, result, threads)
     try:
@@ -421,7 +432,9 @@ def _assemble(opt: Options, m: Measurer, v: dict, q: dict, o: dict, link: dict, 
         f"stages via {m.cpu_linear}, each call on the next of {m.cpu_ring or 1} distinct layers "
         f"(their QKV weights twice the {m.cache_bytes >> 20} MiB last-level cache: weights "
         "from memory, as in a decode step); CPU decode attention over disjoint block windows "
-        f"spanning twice that cache, in turn; GPU decode attention via "
+        f"spanning twice that cache, in turn; the CPU stages on {threads} OpenMP thread(s)"
+        f"{', one pinned to each core as the CPU engine runs' if opt.cpu_cores else ''}; "
+        f"GPU decode attention via "
         f"{m.gpu_decode.__module__}; "
         f"decode contexts beyond {m.grids.max_request_context} tokens per request extended "
         "along the line through the cap and half the cap. "

@@ -11,6 +11,7 @@ import multiprocessing as mp
 import os
 import tempfile
 from collections.abc import Callable, Collection
+from pathlib import Path
 
 import torch
 
@@ -23,6 +24,51 @@ def spawn(target: Callable, spec: object, name: str) -> tuple[mp.Process, object
     proc.start()
     child.close()
     return proc, conn
+
+
+def place_all_threads(cores: Collection[int]) -> None:
+    """Every thread of this process on `cores`, each free among them: undoes `pin_threads`,
+    whose OpenMP workers outlive the parallel region that pinned them (Linux; elsewhere only
+    the calling thread)."""
+    tasks = Path("/proc/self/task")
+    tids = [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]
+    for tid in tids:
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, set(cores))
+
+
+def _pinned_main(conn, spec: tuple[Callable, tuple, tuple[int, ...] | None]) -> None:
+    from dualpace_hw.kernels.cpu_attention import pin_threads
+
+    fn, args, cores = spec
+    try:
+        if cores:
+            os.sched_setaffinity(0, cores)
+            torch.set_num_threads(len(cores))
+            pin_threads(list(cores))
+        conn.send(("done", fn(*args)))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        with contextlib.suppress(OSError, ValueError):
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+def as_cpu_engine(fn: Callable, args: tuple, cores: Collection[int] | None, name: str):
+    """`fn(*args)` in a process of its own with the CPU engine's threads: on `cores`, one
+    OpenMP thread pinned to each (as `CpuExecutor` runs them; None: the process's cores,
+    unpinned, as the engine runs without --cpu-cores). The CPU stages' speed depends on the
+    placement: on the H200 box the same attention call took 0.73-1.37x as long with floating
+    threads as with pinned ones, by shape (benchmarks/results/kernels/README.md). A process of
+    its own, so the caller's OpenMP team keeps its cores. `fn` must be picklable."""
+    proc, conn = spawn(_pinned_main, (fn, args, tuple(sorted(cores)) if cores else None), name)
+    try:
+        kind, value = conn.recv()
+    except EOFError:
+        raise RuntimeError(f"{name}: the process died (exit code {proc.exitcode})") from None
+    finally:
+        stop([proc], [conn])
+    if kind == "error":
+        raise RuntimeError(f"{name}: {value}")
+    return value
 
 
 def stop(procs: list[mp.Process], conns: list) -> None:

@@ -21,7 +21,7 @@ from dualpace_hw.executors.tp import shard_shape
 from dualpace_hw.kernels.host_read import host_read_bytes_per_s
 from dualpace_hw.runtime.engines import EngineFailure
 from dualpace_hw.runtime.gpu_engine import GpuEngine
-from dualpace_hw.runtime.processes import cores_off, engine_cores, on_cores
+from dualpace_hw.runtime.processes import as_cpu_engine, cores_off, engine_cores, on_cores
 from dualpace_sim.config.scenario import LoadedScenario
 from dualpace_sim.core.journal import JOURNAL_FILE
 from dualpace_sim.core.policies import POLICIES, policy_named, resolve
@@ -181,14 +181,15 @@ SpeedCheck = Callable[[Profile, str], dict | None]
 
 def cpu_speed_on(check: SpeedCheck | None, loaded: LoadedScenario, policy: str,
                  cores: list[int] | None, device: str, cpu_tp: int) -> dict | None:
-    """The CPU engine's speed against the profile's CPU tables, timed by `check` on the CPU
-    engine's cores where `policy` runs stages on the host: before it serves and after. None
+    """The CPU engine's speed against the profile's CPU tables, timed by `check` in a process
+    with the CPU engine's cores and thread placement (`as_cpu_engine`) where `policy` runs
+    stages on the host: before it serves and after. None
     without a check, for a GPU-only policy, under CPU tensor parallelism (the tables are
     then a rank's shard) and for a roofline profile (no host measured to compare with)."""
     if check is None or cpu_tp != 1 or not resolve(policy_named(policy).runtime).uses_cpu_tier:
         return None
-    with on_cores(cores):
-        return check(loaded.profile, "cuda" if device.startswith("cuda") else "cpu")
+    return as_cpu_engine(check, (loaded.profile, "cuda" if device.startswith("cuda") else "cpu"),
+                         cores, "dualpace-cpu-speed-check")
 
 
 def check_split(shape: ModelShape, device: str, cpu_tp: int, gpu_tp: int) -> None:
