@@ -75,15 +75,21 @@ def block_tables(lengths: Sequence[int], ids: torch.Tensor) -> torch.Tensor:
 def per_layer_s(pool: PagedKVPool, layers: Iterable[int], lengths: Sequence[int],
                 ids: torch.Tensor, shape: ModelShape, repeats: int) -> float:
     """Median time of one step's attention over `layers`, per layer."""
-    layers = list(layers)
-    tables = block_tables(lengths, ids)
-    lens = torch.tensor(lengths, dtype=torch.int32)
-    q = torch.randn(len(lengths), shape.n_heads, shape.head_dim, dtype=torch.bfloat16)
+    return step_per_layer_s(pool, layers, block_tables(lengths, ids),
+                            torch.tensor(lengths, dtype=torch.int32), repeats)
+
+
+def step_per_layer_s(pool: PagedKVPool, layers: Iterable[int], tables: torch.Tensor,
+                     lens: torch.Tensor, repeats: int) -> float:
+    """Median time of one step's attention (these block tables and lengths) over `layers`,
+    per layer, after one untimed step."""
+    layers, shape = list(layers), pool.shape
+    q = torch.randn(len(lens), shape.n_heads, shape.head_dim, dtype=torch.bfloat16)
 
     def step() -> None:
         for layer in layers:
             k, v = pool.layer(layer)
-            cpu_paged_decode_attention(q, k, v, tables, lens)
+            cpu_paged_decode_attention(q, k, v, tables, lens, validate=layer == layers[0])
 
     step()
     times = []

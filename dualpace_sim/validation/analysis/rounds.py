@@ -67,9 +67,10 @@ def _replaying(scenario: str, real: str, policy: str, costs: str | None = None):
     return loaded.cost, calls, Journal.read(f"{real}/{JOURNAL_FILE.format(policy=policy)}")
 
 
-def _served_cpu_steps(calls, journal: Journal) -> Iterator[tuple[float, float, int, Route, int]]:
+def _served_cpu_steps(calls, journal: Journal, batches: bool = False) -> Iterator[tuple]:
     """(schedule time, apply time, rows, route, total context) of each CPU step in `journal`,
-    replayed through `calls` (DualPace's)."""
+    replayed through `calls` (DualPace's); with `batches`, each row's KV tokens and host
+    blocks at the step follow (the plan's requests change as the replay goes on)."""
     pending = None
     for e in journal.entries:
         calls(e)
@@ -78,10 +79,37 @@ def _served_cpu_steps(calls, journal: Journal) -> Iterator[tuple[float, float, i
         plan = calls.plan("cpu")
         if e.call == "schedule" and plan is not None and not plan.is_empty:
             pending = (e.t, len(plan.batch), plan.route, plan.context)
+            if batches:
+                pending += (tuple(r.prompt_tokens + r.generated for r in plan.batch),
+                            tuple(tuple(r.blocks) for r in plan.batch))
         elif e.call == "apply" and pending is not None:
-            start, b, route, context = pending
-            yield start, e.t, b, route, context
+            start, *rest = pending
+            yield start, e.t, *rest
             pending = None
+
+
+@dataclass(frozen=True)
+class ServedCpuBatch:
+    """One real CPU step's batch as the CPU engine read it: what its attention streamed."""
+
+    start_s: float  # its schedule call, on the run's clock
+    end_s: float  # its apply call
+    route: Route
+    lengths: tuple[int, ...]  # each row's KV tokens, the new one included (context_lens)
+    blocks: tuple[tuple[int, ...], ...]  # each row's host blocks (its block table)
+
+    @property
+    def context(self) -> int:
+        return sum(self.lengths)
+
+
+def served_cpu_batches(scenario: str, real: str) -> Iterator[ServedCpuBatch]:
+    """DualPace's CPU steps in the real run directory `real`, in the order served, each with
+    its rows' lengths and block ids as the shared core handed them out (the replay gives the
+    same ids the runtime used), so a benchmark can time the very reads a step made."""
+    _, calls, journal = _replaying(scenario, real, "dualpace")
+    for start, end, _, route, _, lengths, blocks in _served_cpu_steps(calls, journal, True):
+        yield ServedCpuBatch(start, end, route, lengths, blocks)
 
 
 def cpu_steps(scenario: str, real: str) -> Iterator[CpuStep]:
