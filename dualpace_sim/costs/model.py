@@ -49,9 +49,10 @@ class _Axis:
 
     __slots__ = ("lo", "hi", "log", "pts", "_memo")
 
-    def __init__(self, values: Sequence[float]) -> None:
+    def __init__(self, values: Sequence[float], log: bool | None = None) -> None:
+        """log: in log space (None: when the points span a decade)."""
         self.lo, self.hi = values[0], values[-1]
-        self.log = self.lo > 0 and self.hi / self.lo >= 10
+        self.log = self.lo > 0 and self.hi / self.lo >= 10 if log is None else log
         self.pts = [math.log(v) for v in values] if self.log else list(values)
         self._memo: dict[int, tuple[int, float]] = {}
 
@@ -126,13 +127,20 @@ class Interp1D(_Lookup):
 
 
 class Interp2D(_Lookup):
-    """Bilinear interpolation on a grid, each axis in its own (log or linear) space."""
+    """Bilinear interpolation on a grid, each axis in its own (log or linear) space.
 
-    def __init__(self, name: str, table: Table2D) -> None:
+    affine_in_y: z is affine in y, as paged decode attention is in the context it streams:
+    read linearly in y and z (x keeps its space). Between context points 16x apart a log-log
+    reading of such a table bows above the line through two right points: on the H200
+    profile by up to a quarter inside a segment and by 5-11 % at the 100k tokens of the
+    CPU-busy runs' CPU steps (docs/validation/README.md, session 24)."""
+
+    def __init__(self, name: str, table: Table2D, affine_in_y: bool = False) -> None:
         super().__init__(name)
-        self.ax, self.ay = _Axis(table.x), _Axis(table.y)
+        self.ax = _Axis(table.x)
+        self.ay = _Axis(table.y, log=False) if affine_in_y else _Axis(table.y)
         flat_min = min(min(row) for row in table.z)
-        self.log_z = (self.ax.log or self.ay.log) and flat_min > 0
+        self.log_z = not affine_in_y and (self.ax.log or self.ay.log) and flat_min > 0
         self.zs = [[math.log(v) for v in row] for row in table.z] if self.log_z else table.z
 
     def __call__(self, x: float, y: float) -> float:
@@ -203,14 +211,14 @@ class CostModel:
         self._g_pre_attn = Interp1D("gpu.pre_attn", g.pre_attn)
         self._g_post_attn = Interp1D("gpu.post_attn", g.post_attn)
         self._g_prefill_attn = Interp2D("gpu.prefill_attn", g.prefill_attn)
-        self._g_decode_attn = Interp2D("gpu.decode_attn", g.decode_attn)
+        self._g_decode_attn = Interp2D("gpu.decode_attn", g.decode_attn, affine_in_y=True)
         self._g_rank_round = (Interp1D("gpu.rank_round", g.rank_round)
                               if g.rank_round is not None else None)
         self._g_pre_layer = Interp1D("gpu.pre_layer", g.pre_layer)
         self._g_post_layer = Interp1D("gpu.post_layer", g.post_layer)
         self._c_pre_layer = Interp1D("cpu.pre_layer", c.pre_layer)
         self._c_pre_attn = Interp1D("cpu.pre_attn", c.pre_attn)
-        self._c_decode_attn = Interp2D("cpu.decode_attn", c.decode_attn)
+        self._c_decode_attn = Interp2D("cpu.decode_attn", c.decode_attn, affine_in_y=True)
         self._c_post_attn = Interp1D("cpu.post_attn", c.post_attn)
         self._c_post_layer = Interp1D("cpu.post_layer", c.post_layer)
         self._c_assist_write = Interp1D("cpu.assist_write", c.assist_write)

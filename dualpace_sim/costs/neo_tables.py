@@ -3,17 +3,26 @@ that differences between policies come from scheduling alone."""
 
 from __future__ import annotations
 
-from .model import CostModel
+from .model import CostModel, Interp2D
 
 
 class NeoTables:
-    """linr_T, pref_T, gdec_T, cdec_T and lnch_T (per layer, seconds) over a cost model."""
+    """linr_T, pref_T, gdec_T, cdec_T and lnch_T (per layer, seconds) over a cost model.
+
+    NEO decides with these, in the simulator and in the runtime, so a real run's journal
+    replays only through the lookups it decided with: the decode-attention tables keep the
+    log-log reading every NEO run so far was made with (`Interp2D`'s default), where the cost
+    model now reads them linearly in the context (docs/costs.md). NEO's own predictor reads its
+    tables piecewise-linearly (BASELINES.md, A1); moving to that is the predictor work of the
+    NEO issue, with the journals it makes."""
 
     def __init__(self, cost: CostModel, launch_s: float | None = None) -> None:
         self.cost = cost
         self.lnch_T = cost.neo_launch_s if launch_s is None else launch_s
         self._linr: dict[int, float] = {}
         self._pref: dict[int, float] = {}
+        self._gdec = Interp2D("gpu.decode_attn", cost.profile.gpu.decode_attn)
+        self._cdec = Interp2D("cpu.decode_attn", cost.profile.cpu.decode_attn)
 
     def linr_T(self, width: int) -> float:
         t = self._linr.get(width)
@@ -28,7 +37,7 @@ class NeoTables:
         return t
 
     def gdec_T(self, n: int, context: int) -> float:
-        return self.cost.gpu_decode_attn(n, context)
+        return self._gdec(n, context) if n > 0 else 0.0
 
     def cdec_T(self, n: int, context: int) -> float:
-        return self.cost.cpu_decode_attn(n, context)
+        return self._cdec(n, context) if n > 0 else 0.0

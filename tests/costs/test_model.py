@@ -126,6 +126,31 @@ def test_bilinear_log_axes_and_one_warning():
     assert len(rec) == 1
 
 
+def test_decode_attention_is_read_linearly_in_the_context_it_streams():
+    """Attention affine in the context (a fixed cost plus the KV it reads), on the profiler's
+    log-spaced grid: read linearly in the context it is exact between the points, where a
+    log-log reading bows above the line (by a fifth here, at the segment's geometric middle)."""
+    xs, ys = [1.0, 16.0, 256.0], [1024.0, 16384.0, 262144.0]
+    z = [[2e-4 * (1 + 0.01 * x) + 6.7e-8 * y for y in ys] for x in xs]
+    table = Table2D(x=xs, y=ys, z=z)
+    affine, loglog = Interp2D("t", table, affine_in_y=True), Interp2D("t", table)
+    for x in (1.0, 16.0, 256.0):
+        for y in (2048.0, 4096.0, 65536.0, 100_000.0):
+            exact = 2e-4 * (1 + 0.01 * x) + 6.7e-8 * y
+            assert affine(x, y) == pytest.approx(exact)
+    assert loglog(16.0, 4096.0) / affine(16.0, 4096.0) > 1.2
+
+
+def test_the_model_reads_both_decode_attention_tables_as_affine_in_context(cm):
+    """Between two context points the model's decode attention is the line through them."""
+    for table, price in ((cm.profile.gpu.decode_attn, cm.gpu_decode_attn),
+                         (cm.profile.cpu.decode_attn, cm.cpu_decode_attn)):
+        x, (y0, y1) = table.x[1], table.y[2:4]
+        i = table.x.index(x)
+        z0, z1 = table.z[i][2], table.z[i][3]
+        assert price(int(x), int((y0 + y1) / 2)) == pytest.approx((z0 + z1) / 2)
+
+
 def test_gpu_layer_is_the_sum_of_its_parts(cm):
     layer = cm.gpu_layer(300, [(200, 1200), (36, 36)], 64, 64 * 900)
     parts = (
