@@ -88,3 +88,14 @@ def test_neo_pays_the_decode_floor_and_the_graph_replaying_policies_do_not(write
     assert neo.gpu_busy_s >= neo.gpu_rounds * floored.n_layers * DECODE
     assert neo.gpu_busy_s > 1.5 * run("neo", plain).gpu_busy_s
     assert asdict(run("vllm", floored)) == asdict(run("vllm", plain))
+
+
+def test_neo_tables_answer_as_the_cost_model_in_any_order_of_queries(costs):
+    """NeoTables memoises its lookups (gdec_T its last pair): repeated, alternating and new
+    arguments all get the cost model's own value."""
+    cost, _ = costs
+    tables = NeoTables(cost)
+    for n, context in ((4, 400), (4, 400), (5, 400), (4, 400), (4, 401), (0, 0), (4, 401)):
+        assert tables.gdec_T(n, context) == cost.gpu_decode_attn(n, context)
+        assert tables.cdec_T(n, context) == cost.cpu_decode_attn(n, context)
+        assert tables.linr_T(n) == cost.gpu_linear(n)
