@@ -291,7 +291,23 @@ class NeoScheduler:
             if gpu_only.width - gpu_only.cpu_prefills[-1].prompt_tokens < cfg.linr_s_threshold:
                 break
             gpu_only.pop_cpu_prefill(p)
-        b1 = SubBatch()
+        b1 = self._scan_cpu_queue(b0, budget)
+        if not b1.cpu_decodes:
+            return [gpu_only]
+        while b0.cpu_prefills:  # CPU prefills survive only as cover or to hold the width
+            last = b0.pop_cpu_prefill(p)
+            if b0.width < cfg.linr_s_threshold or min(_remains(b0, b1, p)) < 0:
+                b0.add_prefill(last, True, p)
+                break
+        seq_rate = len(gpu_only) / gpu_only.gpu_time(p)
+        pipe_rate = (len(b0) + len(b1)) / (b0.gpu_time(p) + b1.gpu_time(p))
+        return [b0, b1] if seq_rate < pipe_rate else [gpu_only]
+
+    def _scan_cpu_queue(self, b0: SubBatch, budget: _Budget) -> SubBatch:
+        """NEO's candidate walk over the CPU queue in order: each request joins b0 or b1 (the
+        one with more slack) while both overlap conditions hold; after a rejection only shorter
+        requests are tried. Fills b0 and returns b1."""
+        p, b1 = self.p, SubBatch()
         batches = (b0, b1)
         nxt, min_out = 1, None
         # The scan adds CPU decodes only, so each candidate changes its target sub-batch's
@@ -317,19 +333,16 @@ class NeoScheduler:
                 target.pop_cpu_decode()
                 linr[nxt], cpu[nxt] = kept
                 budget.refund(1)
+                if rem[1 - nxt] < 0:
+                    # The other sub-batch's slack moved only with the target's width, which any
+                    # candidate grows by one: every later one fails it too, is refunded and
+                    # changes nothing, so the rest of the queue (hundreds of requests at
+                    # saturation) is not walked.
+                    break
                 min_out = kv  # every longer request is skipped from now on
             else:
                 nxt = 1 if rem[1] > rem[0] else 0
-        if not b1.cpu_decodes:
-            return [gpu_only]
-        while b0.cpu_prefills:  # CPU prefills survive only as cover or to hold the width
-            last = b0.pop_cpu_prefill(p)
-            if b0.width < cfg.linr_s_threshold or min(_remains(b0, b1, p)) < 0:
-                b0.add_prefill(last, True, p)
-                break
-        seq_rate = len(gpu_only) / gpu_only.gpu_time(p)
-        pipe_rate = (len(b0) + len(b1)) / (b0.gpu_time(p) + b1.gpu_time(p))
-        return [b0, b1] if seq_rate < pipe_rate else [gpu_only]
+        return b1
 
     def _commit(self, plan: NeoPlan, now: float) -> None:
         """Move blocks for swaps, pop the surviving FCFS prefix of prefills, allocate KV."""
@@ -364,8 +377,8 @@ class NeoScheduler:
                 self.cpu_q_blocks += self._blocks(r)
             for pool, decodes in ((self.hbm, b.gpu_decodes), (self.host, b.cpu_decodes)):
                 for r in decodes:
-                    grow = self._blocks(r) - len(r.blocks)
-                    if grow > 0:
+                    grow = r.next_blocks(bs)
+                    if grow:
                         r.blocks.extend(pool.allocate(grow))
 
     def _check_host(self, plan: NeoPlan) -> None:
@@ -376,7 +389,7 @@ class NeoScheduler:
         need = sum(len(r.blocks) for r in plan.swap_outs)
         for b in plan.batches:
             need += sum(blocks_for(r.prompt_tokens, bs) for r in b.cpu_prefills)
-            need += sum(max(self._blocks(r) - len(r.blocks), 0) for r in b.cpu_decodes)
+            need += sum(r.next_blocks(bs) for r in b.cpu_decodes)
         if need > self.host.free + sum(len(r.blocks) for r in plan.swap_ins):
             raise NeoHostFull(
                 f"NEO's host pool is full: an iteration needs {need} more blocks and "
@@ -395,9 +408,12 @@ class NeoScheduler:
         self.cpu_q_blocks += sum(self._blocks(r) for r in on_cpu)
         if done:
             self.gpu_q = retire_finished(self.gpu_q, self.hbm, self.finished)
-            before = len(self.finished)
-            self.cpu_q = deque(retire_finished(self.cpu_q, self.host, self.finished))
-            self.cpu_q_blocks -= sum(self._blocks(r) for r in self.finished[before:])
+            # Only this iteration's CPU rows can have finished in cpu_q, which holds hundreds
+            # of requests at saturation: it is rebuilt only when one of them did.
+            if any(r.finished for r in on_cpu):
+                before = len(self.finished)
+                self.cpu_q = deque(retire_finished(self.cpu_q, self.host, self.finished))
+                self.cpu_q_blocks -= sum(self._blocks(r) for r in self.finished[before:])
 
     def check_invariants(self) -> None:
         queues = (self.waiting, self.gpu_q, self.cpu_q, self.finished)
@@ -407,6 +423,8 @@ class NeoScheduler:
         assert sum(len(r.blocks) for r in self.cpu_q) == self.host.used, "host accounting"
         assert all(r.owner == Owner.GPU for r in self.gpu_q)
         assert all(r.owner == Owner.CPU for r in self.cpu_q)
+        # apply rebuilds cpu_q only when one of its iteration's CPU rows finished
+        assert not any(r.finished for r in self.cpu_q), "a finished request left in cpu_q"
         cpu_blocks = sum(self._blocks(r) for r in self.cpu_q)
         assert cpu_blocks == self.cpu_q_blocks, (
             f"Σ blocks of cpu_q {self.cpu_q_blocks}, actual {cpu_blocks}")

@@ -18,6 +18,7 @@ import math
 import warnings
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
@@ -47,13 +48,17 @@ AXIS_MEMO_SIZE = 4096  # integer queries remembered per axis: batch sizes and to
 class _Axis:
     """One interpolation axis: its points, in log space when they span a decade."""
 
-    __slots__ = ("lo", "hi", "log", "pts", "_memo")
+    __slots__ = ("lo", "hi", "log", "pts", "widths", "last", "_memo")
 
     def __init__(self, values: Sequence[float], log: bool | None = None) -> None:
         """log: in log space (None: when the points span a decade)."""
         self.lo, self.hi = values[0], values[-1]
         self.log = self.lo > 0 and self.hi / self.lo >= 10 if log is None else log
-        self.pts = [math.log(v) for v in values] if self.log else list(values)
+        self.pts = pts = [math.log(v) for v in values] if self.log else list(values)
+        # Each segment's width and the last segment's index, computed once: a context axis
+        # misses the memo on nearly every query (NEO's scan sums whole KV lengths).
+        self.widths = [b - a for a, b in pairwise(pts)]
+        self.last = len(pts) - 2
         self._memo: dict[int, tuple[int, float]] = {}
 
     def locate(self, value: float) -> tuple[int, float]:
@@ -74,8 +79,12 @@ class _Axis:
                 raise ValueError(f"{value} must be positive on a log-interpolated axis")
             value = math.log(value)
         pts = self.pts
-        i = min(max(bisect_right(pts, value) - 1, 0), len(pts) - 2)
-        return i, (value - pts[i]) / (pts[i + 1] - pts[i])
+        i = bisect_right(pts, value) - 1
+        if i < 0:
+            i = 0
+        elif i > self.last:
+            i = self.last
+        return i, (value - pts[i]) / self.widths[i]
 
     def outside(self, value: float) -> bool:
         return value < self.lo or value > self.hi

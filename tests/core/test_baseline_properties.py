@@ -15,13 +15,14 @@ bound derived from that guarantee:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dualpace_sim.core import GpuResult, Request, blocks_for
-from dualpace_sim.core.neo import NeoConfig, NeoScheduler, layer_time
+from dualpace_sim.core.neo import NeoConfig, NeoScheduler, SubBatch, layer_time
 from dualpace_sim.core.vllm import VllmConfig, VllmScheduler
 
 from .test_neo import LinearPredictor
@@ -229,3 +230,70 @@ def test_neo_is_deterministic(case):
         return [(r.token_times, bytes(r.token_owners), r.migrations) for r in requests]
 
     assert trace() == trace()
+
+
+class SawtoothPredictor(LinearPredictor):
+    """linr_T(s) = a + b * (s % 3): positive but not monotone, so a CPU decode can also sink
+    the other sub-batch's slack after earlier ones were admitted."""
+
+    def linr_T(self, width: int) -> float:
+        return self.a + self.b * (width % 3)
+
+
+class FullWalkNeo(NeoScheduler):
+    """NEO's candidate walk as NEO's code runs it: every CPU-queue request shorter than the
+    last rejected one is tried, also after the other sub-batch's slack has failed."""
+
+    def _scan_cpu_queue(self, b0, budget):
+        p, b1 = self.p, SubBatch()
+        batches, nxt, min_out = (b0, b1), 1, None
+        for r in self.cpu_q:
+            if not budget.take(1):
+                break
+            if min_out is not None and r.kv_tokens_after_step >= min_out:
+                budget.refund(1)
+                continue
+            batches[nxt].add_cpu_decode(r)
+            rem = (p.linr_T(b1.width) + b0.gpu_attn(p) - b0.cpu_time(p),
+                   p.linr_T(b0.width) + b1.gpu_attn(p) - b1.cpu_time(p))
+            if min(rem) < 0:
+                batches[nxt].pop_cpu_decode()
+                budget.refund(1)
+                min_out = r.kv_tokens_after_step
+            else:
+                nxt = 1 if rem[1] > rem[0] else 0
+        return b1
+
+
+def _plan_rows(plan) -> tuple:
+    lists = [[b.gpu_prefills, b.cpu_prefills, b.gpu_decodes, b.cpu_decodes]
+             for b in plan.batches] + [[plan.swap_outs, plan.swap_ins]]
+    return tuple(tuple(r.req_id for r in rs) for group in lists for rs in group)
+
+
+@SETTINGS
+@given(neo_cases(), st.booleans())
+def test_neo_scan_decides_as_the_full_walk(case, sawtooth):
+    """NEO's scan stops once the other sub-batch's slack fails; every iteration (its batches,
+    their requests, swaps and layer time) is the one the full walk over the CPU queue gives."""
+    config, pred, reqs = case
+    if sawtooth:
+        pred = SawtoothPredictor(**dataclasses.asdict(pred))
+    bound = sum(gap for _, _, gap in reqs) + sum(m for _, m, _ in reqs)  # as in run_neo
+    runs = []
+    for cls in (NeoScheduler, FullWalkNeo):
+        s, pending, plans, t = cls(config, pred), _arrivals(reqs, config.block_size), [], 0.0
+        for k in itertools.count():
+            if not pending and len(s.finished) == len(reqs):
+                break
+            assert k <= bound, f"not finished after {k} iterations"
+            while pending and pending[0][0] <= k:
+                s.submit(pending.pop(0)[1])
+            plan = s.schedule(max(t, float(k)))
+            s.check_invariants()
+            t = max(t, float(k)) + 1.0 + layer_time(plan, pred)
+            plans.append((_plan_rows(plan), layer_time(plan, pred)))
+            s.apply(plan, t)
+            s.check_invariants()
+        runs.append(plans)
+    assert runs[0] == runs[1]

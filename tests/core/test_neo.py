@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import pytest
+
 from dualpace_sim.core import Owner, Request, RoundLog, blocks_for
 from dualpace_sim.core.neo import NeoConfig, NeoPlan, NeoScheduler, SubBatch, layer_time
 
@@ -513,3 +515,17 @@ def test_apply_gives_one_token_to_each_scheduled_request_and_frees_finished_ones
     step(s, 7.0)
     assert generated(g, *x) == [2, 2, 2, 2, 2, 2, 2, 2, 1]
     assert [r.token_owners[-1] for r in (g, *x[:7])] == [Owner.GPU] + [Owner.CPU] * 7
+
+
+def test_check_invariants_catches_a_wrong_cpu_block_total_or_a_finished_request_queued():
+    """The running Σ blocks of cpu_q is checked against the full sum, and a finished request
+    left in cpu_q (apply rebuilds it only when a CPU row finished) is caught."""
+    s, _, (c2, *_) = _length_skip_state()
+    s.check_invariants()
+    s.cpu_q_blocks += 1
+    with pytest.raises(AssertionError, match="Σ blocks of cpu_q"):
+        s.check_invariants()
+    s.cpu_q_blocks -= 1
+    c2.generated = c2.max_tokens
+    with pytest.raises(AssertionError, match="finished request left in cpu_q"):
+        s.check_invariants()

@@ -88,3 +88,21 @@ def test_neo_pays_the_decode_floor_and_the_graph_replaying_policies_do_not(write
     assert neo.gpu_busy_s >= neo.gpu_rounds * floored.n_layers * DECODE
     assert neo.gpu_busy_s > 1.5 * run("neo", plain).gpu_busy_s
     assert asdict(run("vllm", floored)) == asdict(run("vllm", plain))
+
+
+def test_neo_tables_answer_as_their_lookups_in_any_order_of_queries(costs):
+    """NeoTables memoises its lookups (gdec_T its last pair): repeated, alternating and new
+    arguments all get the table's own value. Its decode-attention tables keep the log-log
+    reading NEO's runs decided with, where the cost model reads them linearly in the context
+    (between grid points the two differ)."""
+    from dualpace_sim.costs.model import Interp2D
+
+    cost, _ = costs
+    tables = NeoTables(cost)
+    gdec = Interp2D("g", cost.profile.gpu.decode_attn)
+    cdec = Interp2D("c", cost.profile.cpu.decode_attn)
+    for n, context in ((4, 400), (4, 400), (5, 400), (4, 400), (4, 401), (0, 0), (4, 401)):
+        assert tables.gdec_T(n, context) == (gdec(n, context) if n else 0.0)
+        assert tables.cdec_T(n, context) == (cdec(n, context) if n else 0.0)
+        assert tables.linr_T(n) == cost.gpu_linear(n)
+    assert tables.gdec_T(4, 400) != cost.gpu_decode_attn(4, 400)
