@@ -307,13 +307,13 @@ class Engines:
         try:
             with collector:  # no full collections while serving
                 self._serve(threads, submit, finished)
-        finally:
+        finally:  # a stopped run's summary keeps its figures too
             sys.setswitchinterval(interval)
             self.stats.gc_collections = collector.seen.counts
             self.stats.gc_pause_s = collector.seen.pause_s
             self.stats.gc_longest_pause_s = collector.seen.longest_s
-        self.stats.wall_s = self.now()
-        self.stats.graph_captures = self.gpu.graph_captures
+            self.stats.wall_s = self.now() if self.started.is_set() else 0.0
+            self.stats.graph_captures = self.gpu.graph_captures
         if self.error is not None:
             raise self.error
         return self.requests

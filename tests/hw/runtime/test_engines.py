@@ -528,6 +528,9 @@ def test_a_run_stopped_by_sigterm_keeps_what_it_did(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary[0]["partial"] is True and "SIGTERM" in summary[0]["stopped_by"]
     assert 0 < summary[0]["completed"] < summary[0]["submitted"] == 40
+    engine = summary[0]["engine"]
+    assert engine["wall_s"] > 5 and sum(engine["gc_collections"]) > 0  # the clock it served
+    assert engine["gc_collections"][2] == 0  # no full collection while serving
     records = read_records(out / "requests.parquet")
     assert len(records) == 40 and records["n_tokens"].sum() > 0
     assert (out / JOURNAL_FILE.format(policy="dualpace")).exists()
