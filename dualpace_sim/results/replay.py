@@ -39,6 +39,7 @@ class ReplayReport:
     plans: int = 0
     mismatches: list[str] = field(default_factory=list)  # the first few, in journal order
     records_match: bool | None = None  # None: no records to compare with
+    plans_match: bool = True  # every plan the replay made is the journal's
 
     @property
     def ok(self) -> bool:
@@ -129,6 +130,8 @@ def replay(journal: Journal, loaded: LoadedScenario, policy: str,
             if got is None:
                 continue
             report.plans += 1
+            if got != e.data["plan"]:
+                report.plans_match = False
             if got != e.data["plan"] and len(report.mismatches) < max_reported:
                 report.mismatches.append(f"call {i} ({e.engine} schedule at {e.t:.6f} s): "
                                          f"runtime {e.data['plan']} != replay {got}")

@@ -34,7 +34,7 @@ import pandas as pd
 import pyarrow as pa
 
 from dualpace_sim.config.scenario import LoadedScenario, load_scenario
-from dualpace_sim.core.journal import JOURNAL_FILE, JournalError
+from dualpace_sim.core.journal import JournalError
 from dualpace_sim.costs.cpu_speed import CpuSpeedError, at_cpu_speed, cpu_speed
 from dualpace_sim.costs.profile import Controls, Profile, load_profile
 from dualpace_sim.experiments.runner import simulate
@@ -272,16 +272,16 @@ def host_read_notes(real: RealRun, profile: Profile) -> list[str]:
     return notes
 
 
-def stall_notes(real: RealRun, loaded: LoadedScenario) -> list[str]:
+def stall_notes(real: RealRun, loaded: LoadedScenario, replays: list[ReplayReport]
+                ) -> list[str]:
     """A note for each policy whose real GPU engine stalled (`served_rounds.stalls`): a pause
     of the engine's process that no cost prices (on the H200 box, full garbage collections
     before the runtime skipped them while serving, docs/validation/README.md, session 24),
-    which the simulator does not have and which moves the run's P99s. Policies whose GPU plans
-    are not GpuPlans (NEO's iterations) are passed over."""
+    which the simulator does not have and which moves the run's P99s. Only journals whose
+    plans the replay made again (`replays`) are priced, and policies whose GPU plans are not
+    GpuPlans (NEO's iterations) are passed over."""
     notes = []
-    for policy in real.frames:
-        if not (real.path / JOURNAL_FILE.format(policy=policy)).exists():
-            continue
+    for policy in (r.policy for r in replays if r.plans_match):
         try:
             found = stalls(served_rounds(loaded, real.path, policy))
         except ValueError:
@@ -428,13 +428,13 @@ def validate(real_dir: Path | str, scenario: Path | str, out_dir: Path | str | N
                                       Path(costs) if costs is not None else None)
     notes += check_against_scenario(real, loaded)
     notes += host_read_notes(real, loaded.profile)
-    notes += stall_notes(real, loaded)
     out = Path(out_dir) if out_dir is not None else real.path / "validation"
 
     try:  # before anything is written: a bad journal must not leave a half validation
         replays = replay_run(real.path, loaded)  # the runtime's journals, where it wrote them
     except JournalError as e:
         raise ValidateError(str(e)) from None
+    notes += stall_notes(real, loaded, replays)
     sim_frames: dict[str, pd.DataFrame] = {}
     sim_summaries: list[dict] = []
     record, digest = provenance(loaded), scenario_hash(loaded.path)

@@ -454,13 +454,14 @@ def test_a_stalled_gpu_round_of_a_real_run_is_a_note(tmp_path, azure_dir):
     holding one more round 0.5 s makes two, that one the longest."""
     import gzip
 
+    from dualpace_sim.results.replay import replay_run
     from dualpace_sim.validation.validate import load_for_real_run, read_real_run, stall_notes
     from tests.conftest import REPO_ROOT
 
     scenario = REPO_ROOT / "scenarios/h200/validation/llama-3.1-8b-r8.yaml"
     served = REPO_ROOT / "docs/validation/r8/real"
     loaded = load_for_real_run(scenario, served, None)[0]
-    (note,) = stall_notes(read_real_run(served), loaded)
+    (note,) = stall_notes(read_real_run(served), loaded, replay_run(served, loaded))
     assert note.startswith("note: dualpace's real GPU engine stalled in 1 round(s)")
     assert "the longest 0.16 s at 3.0 s into the run" in note
 
@@ -475,6 +476,8 @@ def test_a_stalled_gpu_round_of_a_real_run_is_a_note(tmp_path, azure_dir):
         e["t"] += 0.5
     with gzip.open(path, "wt") as f:
         f.writelines(json.dumps(e) + "\n" for e in entries)
-    (note,) = stall_notes(read_real_run(real), loaded)
+    replays = replay_run(real, loaded)  # the held round's times: the plans replay all the same
+    assert all(r.plans_match for r in replays)
+    (note,) = stall_notes(read_real_run(real), loaded, replays)
     assert note.startswith("note: dualpace's real GPU engine stalled in 2 round(s)")
     assert "the longest 0.5" in note
