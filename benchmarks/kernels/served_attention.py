@@ -9,10 +9,10 @@ and host block ids, as the runtime read them), takes a sample of those steps, an
 layer, for each:
 
 * `recorded`: the run's own attention phase (`cpu-steps-dualpace.csv.gz`) over the layers;
-* `table`: the profile's table as the cost model interpolates it (log-linear in z);
-* `table_linear_context`: the same table read linearly in the context (attention streams the
-  KV it reads, so it is affine in the context; log-log interpolation between grid points
-  16x apart overstates it);
+* `table`: the profile's table read log-log, as the cost model read it before session 24;
+* `table_linear_context`: the same table as the cost model reads it now, linearly in the
+  context (attention streams the KV it reads, so it is affine in the context; log-log
+  interpolation between grid points 16x apart overstates it);
 * `profiler`: the profiler's own measurement at the step's (rows, total context): equal
   lengths, contiguous blocks, its one-layer pool and windows, its timer;
 * `served`: the step's very lengths and block ids in a pool of the runtime's layout and size
@@ -33,11 +33,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
-from bisect import bisect_right
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -54,8 +52,8 @@ from dualpace_hw.profiler.measure import cpu_kv_pool, decode_time
 from dualpace_hw.profiler.timing import Protocol, Timer
 from dualpace_sim.config.scenario import load_scenario
 from dualpace_sim.costs.cpu_step_records import CPU_STEPS_FILE, read_cpu_steps
-from dualpace_sim.costs.model import CostModel
-from dualpace_sim.costs.profile import Profile, Table2D, load_profile
+from dualpace_sim.costs.model import CostModel, Interp2D
+from dualpace_sim.costs.profile import Profile, load_profile
 from dualpace_sim.costs.record_csv import record_file
 from dualpace_sim.validation.analysis.rounds import ServedCpuBatch, served_cpu_batches
 
@@ -75,18 +73,6 @@ def sample(steps: Sequence[tuple[ServedCpuBatch, float]], n: int
     return out
 
 
-def linear_in_context(table: Table2D, b: float, context: float) -> float:
-    """`table` at (b, context): linear in context, log-linear in b (as the model reads b)."""
-    def at_row(i: int) -> float:
-        j = min(max(bisect_right(table.y, context) - 1, 0), len(table.y) - 2)
-        y0, y1, z = table.y[j], table.y[j + 1], table.z[i]
-        return z[j] + (context - y0) / (y1 - y0) * (z[j + 1] - z[j])
-
-    i = min(max(bisect_right(table.x, b) - 1, 0), len(table.x) - 2)
-    t = (math.log(b) - math.log(table.x[i])) / (math.log(table.x[i + 1]) - math.log(table.x[i]))
-    return at_row(i) + t * (at_row(i + 1) - at_row(i))
-
-
 def served_s(pool: PagedKVPool, batch: ServedCpuBatch, repeats: int) -> float:
     """Per layer: the step's rows over their own blocks, every layer in turn."""
     bs = pool.block_size
@@ -102,6 +88,7 @@ def measure(profile: Profile, chosen: list[tuple[ServedCpuBatch, float]], host_b
             cores: list[int], repeats: int) -> tuple[list[dict], list[dict]]:
     shape, bs = profile.model, profile.block_size
     cost = CostModel(profile)
+    loglog = Interp2D("cpu.decode_attn", profile.cpu.decode_attn)
     cache = hostinfo.last_level_cache_bytes()
     grids, timer = Grids.full(), Timer(torch.device("cpu"), Protocol())
     def window(rows: int, total: int) -> int:  # the blocks decode_time's plan takes
@@ -117,10 +104,10 @@ def measure(profile: Profile, chosen: list[tuple[ServedCpuBatch, float]], host_b
     storage.fill_(0.01)  # every page written, as served KV is before it is read
     pool = PagedKVPool(shape, host_blocks, bs, dtype=torch.bfloat16, storage=storage)
     rows = [{"rows": len(b.lengths), "context": b.context, "route": b.route.value,
-             "recorded": recorded / shape.n_layers, "table": cost.cpu_decode_attn(
-                 len(b.lengths), b.context),
-             "table_linear_context": linear_in_context(profile.cpu.decode_attn, len(b.lengths),
-                                                       b.context)} for b, recorded in chosen]
+             "recorded": recorded / shape.n_layers,
+             "table": loglog(len(b.lengths), b.context),
+             "table_linear_context": cost.cpu_decode_attn(len(b.lengths), b.context)}
+            for b, recorded in chosen]
     grid = [{"rows": r, "context": t, "tabled": profile.cpu.decode_attn.z[
         profile.cpu.decode_attn.x.index(r)][profile.cpu.decode_attn.y.index(t)]}
         for r in GRID_ROWS for t in GRID_TOTALS

@@ -37,7 +37,7 @@ class ServingCollector:
     def __init__(self) -> None:
         self.seen = Collections()
         self._started = 0.0
-        self._threshold = gc.get_threshold()
+        self._threshold = (0, 0, 0)  # the thresholds on entry, restored on exit
 
     def _time(self, phase: str, info: dict) -> None:
         if phase == "start":

@@ -51,6 +51,10 @@ class ServedRound:
         return self.fixed_s + self.n_layers * self.layer_s
 
 
+class NotGpuPlans(ValueError):
+    """The journal's GPU plans are not GpuPlans (NEO's iterations): no rounds to price here."""
+
+
 def served_rounds(loaded: LoadedScenario, run_dir: Path, policy: str) -> Iterator[ServedRound]:
     """`policy`'s GPU rounds in the real run directory `run_dir` of `loaded`, each priced
     with `loaded`'s cost model (the profile the run used, or another profile of its box)."""
@@ -69,7 +73,7 @@ def served_rounds(loaded: LoadedScenario, run_dir: Path, policy: str) -> Iterato
         elif e.engine == "gpu" and e.call == "schedule":
             plan = calls.plan("gpu")
             if not isinstance(plan, GpuPlan):
-                raise ValueError(f"{policy}'s GPU plans are {type(plan).__name__}s: "
+                raise NotGpuPlans(f"{policy}'s GPU plans are {type(plan).__name__}s: "
                                  "served_rounds prices GpuPlans (DualPace's, vLLM's)")
             if plan.has_forward and e.data.get("committed", True):
                 chunks = [(c.tokens, c.start + c.tokens) for c in plan.prefills]

@@ -44,7 +44,13 @@ from dualpace_sim.results.outputs import write_json
 from dualpace_sim.results.provenance import RUN_PROFILE, parquet_metadata, provenance, scenario_hash
 from dualpace_sim.results.records import read_records, write_records
 from dualpace_sim.results.replay import ReplayReport, replay_run
-from dualpace_sim.results.served_rounds import STALL_RATIO, STALL_S, served_rounds, stalls
+from dualpace_sim.results.served_rounds import (
+    STALL_RATIO,
+    STALL_S,
+    NotGpuPlans,
+    served_rounds,
+    stalls,
+)
 from dualpace_sim.results.summary import stamp
 
 METRICS = (
@@ -284,7 +290,7 @@ def stall_notes(real: RealRun, loaded: LoadedScenario, replays: list[ReplayRepor
     for policy in (r.policy for r in replays if r.plans_match):
         try:
             found = stalls(served_rounds(loaded, real.path, policy))
-        except ValueError:
+        except NotGpuPlans:
             continue
         if found:
             worst = max(found, key=lambda r: r.real_s)
