@@ -447,7 +447,7 @@ def test_a_runs_cpu_speed_prices_its_cpu_stages(real_run, tmp_path):
         "expected a positive number, got None; delete the record to price the run as profiled")
 
 
-def test_a_stalled_gpu_round_of_a_real_run_is_a_note(tmp_path, azure_dir):
+def test_a_stalled_gpu_round_of_a_real_run_is_a_note(tmp_path, azure_dir, monkeypatch):
     """A round that took far longer than its plan's price (a garbage collection held the H200
     box's GPU engine 0.2-0.5 s) is named, with its length and time. The committed 8 req/s run
     has one, 0.16 s three seconds in (its runtime still made full collections while serving);
@@ -458,6 +458,7 @@ def test_a_stalled_gpu_round_of_a_real_run_is_a_note(tmp_path, azure_dir):
     from dualpace_sim.validation.validate import load_for_real_run, read_real_run, stall_notes
     from tests.conftest import REPO_ROOT
 
+    monkeypatch.setenv("DUALPACE_AZURE_DIR", str(azure_dir))  # the scenario replays an Azure trace
     scenario = REPO_ROOT / "scenarios/h200/validation/llama-3.1-8b-r8.yaml"
     served = REPO_ROOT / "docs/validation/r8/real"
     loaded = load_for_real_run(scenario, served, None)[0]
