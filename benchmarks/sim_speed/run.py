@@ -35,7 +35,10 @@ def one_run(scenario: Path, count_events: bool) -> dict:
 
     import simpy
 
-    from dualpace_sim.config.scenario import load_scenario
+    try:
+        from dualpace_sim.config.scenario import load_scenario
+    except ImportError:  # a checkout from before the package layout (the baseline of issue 24)
+        from dualpace_sim.scenario import load_scenario
     from dualpace_sim.sim import DualPaceNode
 
     counted = [0]
@@ -59,10 +62,19 @@ def one_run(scenario: Path, count_events: bool) -> dict:
             "assists": out.stats.assist_calls}
 
 
+def import_from(source: Path) -> None:
+    """Make `source`'s packages win over an editable install of this project, whose import
+    finder sits in `sys.meta_path` ahead of PYTHONPATH and would mix the two checkouts."""
+    sys.meta_path[:] = [f for f in sys.meta_path
+                        if not getattr(f, "__module__", "").startswith("__editable__")]
+    sys.path.insert(0, str(source))
+
+
 def run_in(source: Path, scenario: Path, count_events: bool = False) -> dict:
     """One run in a fresh interpreter that imports dualpace_sim from `source`."""
     env = {**os.environ, "PYTHONPATH": str(source)}
-    cmd = [sys.executable, __file__, "--one-run", "--scenario", str(scenario)]
+    cmd = [sys.executable, __file__, "--one-run", "--source", str(source),
+           "--scenario", str(scenario)]
     if count_events:
         cmd.append("--count-events")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd=source)
@@ -84,11 +96,14 @@ def main() -> None:
                         help="a checkout of the code to compare with, timed in the same run")
     parser.add_argument("--one-run", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--count-events", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--source", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if "DUALPACE_AZURE_DIR" not in os.environ and SHARED_AZURE.is_dir():
         os.environ["DUALPACE_AZURE_DIR"] = str(SHARED_AZURE)
     scenario = args.scenario.resolve()
     if args.one_run:
+        if args.source is not None:
+            import_from(args.source)
         print(json.dumps(one_run(scenario, args.count_events)))
         return
     runs, base_runs = [], []

@@ -124,10 +124,10 @@ class AssistBooker:
         to_gpu = to_host = 0
         while i < n and (ready <= now or gpu.serves_ahead(ready)):
             t = terms[i]
-            g, service = ((t.g_beside, t.service_beside) if gpu.at_stage_boundary(ready)
-                          else (t.g, t.service))
-            start = gpu.assist(ready, service)
+            start, beside = gpu.serve(ready, t.service, t.service_beside)
+            g = t.g_beside if beside else t.g
             if trace is not None:
+                service = t.service_beside if beside else t.service
                 trace.complete(DENSE_ASSIST, _NAMES[t.kind], start, start + service,
                                cpu_batch=c.b, queued_us=round((start - ready) * 1e6, 3))
             resume = start + g + t.q

@@ -110,27 +110,37 @@ class GpuDevice:
         return max(self._next_k, math.ceil(since_first / self._layer - 1e-9) + self._ahead)
 
     def assist(self, ready_s: float, service_s: float) -> float:
-        """Book a Dense Assist that becomes ready at `ready_s`; returns its service start.
-        One serviced inside the running batch is in that batch's interval of work (it pushes
-        the batch's end back); the others are logged as their own."""
+        """Book a Dense Assist that becomes ready at `ready_s` and takes `service_s` wherever
+        it is served; returns its service start."""
+        return self.serve(ready_s, service_s, service_s)[0]
+
+    def serve(self, ready_s: float, service_s: float, beside_s: float) -> tuple[float, bool]:
+        """Book a Dense Assist that becomes ready at `ready_s`: it takes `beside_s` when served
+        at a stage boundary of the running batch (:meth:`at_stage_boundary`, decided with the
+        one boundary lookup), `service_s` elsewhere. Returns its service start and whether it
+        was served beside the batch. One serviced inside the running batch is in that batch's
+        interval of work (it pushes the batch's end back); the others are logged as their
+        own."""
         self.assist_calls += 1
-        self.assist_s += service_s
         if self.active:
             if ready_s < self._start:  # the batch waits for an assist: queue in front of it
+                self.assist_s += service_s
                 start = self.busy_until
                 self.busy_until = start + service_s
                 self._begin(self.busy_until)
                 self.worked.add(start, self.busy_until)
-                return start
+                return start, False
             k = self._boundary(ready_s)
             if k <= self._n_layers:  # at a stage boundary of the running batch
+                self.assist_s += beside_s
                 start = self._first + k * self._layer + self._shift
-                self._shift += service_s
+                self._shift += beside_s
                 self._next_k = k + 1
-                return start
+                return start, True
             start = self._end + self._shift  # in the post-layer: right after the batch
         else:
             start = max(ready_s, self.busy_until)
+        self.assist_s += service_s
         self.busy_until = start + service_s
         self.worked.add(start, self.busy_until)
-        return start
+        return start, False

@@ -54,6 +54,47 @@ def test_busy_bins_coarsen_and_keep_every_busy_second():
                                                            abs=worked.width)
 
 
+def one_at_a_time(intervals: list[tuple[float, float]]) -> tuple[float, np.ndarray]:
+    """The bins as splitting each interval the moment it is added gives them (coarsening
+    before an interval that ends past the last bin): what the pending intervals must match."""
+    width, busy = FIRST_WIDTH_S, np.zeros(FINE_BINS)
+    for start, end in intervals:
+        if end <= start:
+            continue
+        while end > width * FINE_BINS:
+            busy, width = np.concatenate([busy.reshape(-1, 2).sum(axis=1),
+                                          np.zeros(FINE_BINS // 2)]), width * 2
+        first, last = int(start // width), min(int(end // width), FINE_BINS - 1)
+        if first == last:
+            busy[first] += end - start
+            continue
+        busy[first] += (first + 1) * width - start
+        busy[first + 1:last] += width
+        busy[last] += end - last * width
+    return width, busy
+
+
+def test_pending_intervals_bin_as_adding_each_one_does():
+    """Intervals are binned in batches (some batches spanning a coarsening, the last one
+    binned only when read): the bins are those of binning each as it came, to rounding."""
+    rng = np.random.default_rng(7)
+    t, intervals = 0.0, []
+    for _ in range(3 * Intervals.PENDING + 123):
+        t += rng.exponential(0.004)
+        length = rng.choice([0.0, rng.exponential(1e-4), rng.exponential(0.05)])
+        intervals.append((t, t + length))
+        if rng.random() < 0.3:
+            t += length  # back to back, as a FIFO channel's copies
+    worked = Intervals()
+    for start, end in intervals:
+        worked.add(start, end)
+    width, busy = one_at_a_time(intervals)
+    assert t > FIRST_WIDTH_S * FINE_BINS * 4  # the run coarsened the bins at least three times
+    assert worked.width == width
+    assert worked.busy == pytest.approx(busy, rel=1e-9, abs=1e-12)
+    assert worked.total() == pytest.approx(sum(e - s for s, e in intervals), rel=1e-12)
+
+
 def test_a_state_log_keeps_a_row_where_the_state_changed_the_last_of_an_instant():
     state = [(0,) * len(STATE_COLUMNS)]
     log = StateLog(lambda: state[0])
