@@ -29,19 +29,26 @@ class CpuScheduler:
         limit = cfg.cpu_batch_limit
         batch: list[Request] = []
         held_back: list[Request] = []  # yielded (marked) or past the frontier boundary
-        # 2. Preserve the running frontier, FIFO.
-        boundary = False
-        for r in st.cpu_running:
-            if r.req_id in st.marked:
-                held_back.append(r)
-                continue
-            growth = r.peak_blocks - len(r.blocks)
-            if boundary or len(batch) >= limit or growth > budget:
-                boundary = True
-                held_back.append(r)
-                continue
-            batch.append(r)
-            budget -= growth
+        # 2. Preserve the running frontier, FIFO. Without marks, a frontier within the batch
+        #    limit whose whole growth (the running B_growth) fits keeps every row, as the walk
+        #    would find row by row: most rounds take that path.
+        running = st.cpu_running
+        if not st.marked and len(running) <= limit and st.cpu_growth <= budget:
+            batch = list(running)
+            budget -= st.cpu_growth
+        else:
+            boundary = False
+            for r in running:
+                if r.req_id in st.marked:
+                    held_back.append(r)
+                    continue
+                growth = r.peak_blocks - len(r.blocks)
+                if boundary or len(batch) >= limit or growth > budget:
+                    boundary = True
+                    held_back.append(r)
+                    continue
+                batch.append(r)
+                budget -= growth
         # 3. Admit the ready waiting prefix, only when the frontier stayed intact.
         admitted = 0
         if not held_back:
@@ -77,11 +84,13 @@ class CpuScheduler:
         for _ in range(plan.admitted):
             st.waiting_growth -= host_growth(st.cpu_waiting.popleft())
         growth = 0
-        for r in plan.batch:
-            n = -(-(r.prompt_tokens + r.generated) // bs) - len(r.blocks)
-            if n > 0:  # Request.next_blocks, inline: this runs for every row of every round
-                r.blocks.extend(st.host.allocate(n))
-            growth += r.peak_blocks - len(r.blocks)
+        host = st.host
+        for r in plan.batch:  # Request.next_blocks, inline: this runs for every row of every round
+            blocks = r.blocks
+            if r.prompt_tokens + r.generated > len(blocks) * bs:
+                blocks.extend(host.allocate(-(-(r.prompt_tokens + r.generated) // bs)
+                                            - len(blocks)))
+            growth += r.peak_blocks - len(blocks)
         st.cpu_running = list(plan.batch)
         st.cpu_growth = growth
 

@@ -405,8 +405,8 @@ class GpuScheduler:
         done = emit_batch(plan.decodes, t, Owner.GPU, st.rounds)
         st.gpu_context += len(plan.decodes)
         if plan.decodes:  # the one pass per row: whose next step now needs a block
-            st.gpu_growing = [r for r in st.gpu_running
-                              if -(-(r.prompt_tokens + r.generated) // bs) > len(r.blocks)]
+            st.gpu_growing = [r for r in st.gpu_running  # next_blocks > 0, in one comparison
+                              if r.prompt_tokens + r.generated > len(r.blocks) * bs]
         for c in plan.prefills:
             r = c.req
             r.prefilled += c.tokens
