@@ -89,7 +89,7 @@ class GpuScheduler:
         st, cfg = self.state, self.state.config
         bs = cfg.block_size
         running = st.gpu_running
-        grow = sum(r.next_blocks(bs) for r in st.gpu_growing)
+        grow = len(st.gpu_growing)  # a step appends one token: each needs exactly one block
         hbm_free = st.hbm.free
         deficit = grow - hbm_free
         decodes = running

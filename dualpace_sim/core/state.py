@@ -172,6 +172,8 @@ class EngineState:
         growing = [r.req_id for r in self.gpu_running if r.next_blocks(bs)]
         kept = [r.req_id for r in self.gpu_growing]
         assert kept == growing, f"GPU growing {kept}, actual {growing} (in queue order)"
+        needs = {r.next_blocks(bs) for r in self.gpu_growing}
+        assert needs <= {1}, f"a growing request needs {max(needs)} blocks, not 1"
         for i, r in self.marked.items():  # a mark: a CPU-owned request the CPU has not finished
             assert i == r.req_id and seen.get(i) in ("cpu_running", "cpu_waiting") and (
                 r.owner == Owner.CPU), f"mark on request {i} in {seen.get(i)}, {r.owner}"
