@@ -36,8 +36,9 @@ class CpuScheduler:
         if not st.marked and len(running) <= limit and st.cpu_growth <= budget:
             batch = list(running)
             budget -= st.cpu_growth
+            context = st.cpu_context
         else:
-            boundary = False
+            boundary, context = False, 0
             for r in running:
                 if r.req_id in st.marked:
                     held_back.append(r)
@@ -49,6 +50,7 @@ class CpuScheduler:
                     continue
                 batch.append(r)
                 budget -= growth
+                context += r.prompt_tokens + r.generated
         # 3. Admit the ready waiting prefix, only when the frontier stayed intact.
         admitted = 0
         if not held_back:
@@ -60,11 +62,12 @@ class CpuScheduler:
                     break
                 batch.append(r)
                 budget -= growth
+                context += r.prompt_tokens + r.generated
                 admitted += 1
         plan = CpuPlan(
             batch=batch,
             route=route_for(len(batch), cfg.route_p, cfg.route_f),
-            context=sum(r.prompt_tokens + r.generated for r in batch),
+            context=context,
             held_back=held_back,
             admitted=admitted,
         )
@@ -93,6 +96,7 @@ class CpuScheduler:
             growth += r.peak_blocks - len(blocks)
         st.cpu_running = list(plan.batch)
         st.cpu_growth = growth
+        st.cpu_context = plan.context
 
     def apply(self, plan: CpuPlan, result: CpuResult) -> None:
         """Record sampled tokens; finished requests release their host KV."""
@@ -100,5 +104,8 @@ class CpuScheduler:
         if emit_batch(plan.batch, t, Owner.CPU, st.rounds):
             st.cpu_running = retire_finished(st.cpu_running, st.host, st.finished)
             st.cpu_growth = sum(r.peak_blocks - len(r.blocks) for r in st.cpu_running)
+            st.cpu_context = sum(r.prompt_tokens + r.generated for r in st.cpu_running)
             # a marked request that finished on the CPU needs no swap-in
             st.marked = {i: r for i, r in st.marked.items() if not r.finished}
+        else:  # each row attends to one more token next step
+            st.cpu_context += len(plan.batch)

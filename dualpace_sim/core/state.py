@@ -40,6 +40,9 @@ class EngineState:
         self.marked: dict[int, Request] = {}
         self.b_migration = 0  # B_migration, published by each GPU round
         self.cpu_growth = 0  # B_growth = Σ over cpu_running of (b̂ - b)
+        # Σ context (prompt + generated) of cpu_running, what its next step attends to: a
+        # round that keeps the frontier reads it instead of summing every row.
+        self.cpu_context = 0
         # The same over the host-bound requests that are not CPU-running (host_growth): CPU
         # waiting (ready, swapping out or copying in) and Prefill-to-CPU prompts still
         # prefilling, kept up to date as they join and leave those queues.
@@ -158,6 +161,9 @@ class EngineState:
         assert host_held == self.host.used, f"host accounting: {host_held} vs {self.host.used}"
         growth = sum(max(r.peak_blocks - len(r.blocks), 0) for r in self.cpu_running)
         assert growth == self.cpu_growth, f"B_growth {self.cpu_growth}, actual {growth}"
+        cpu_context = sum(r.prompt_tokens + r.generated for r in self.cpu_running)
+        assert cpu_context == self.cpu_context, (
+            f"CPU context {self.cpu_context}, actual {cpu_context}")
         bound = chain(self.cpu_waiting, (r for r in self.gpu_prefilling if r.to_cpu))
         waiting = sum(host_growth(r) for r in bound)
         assert waiting == self.waiting_growth, (

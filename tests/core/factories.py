@@ -94,11 +94,13 @@ def gpu_prefilling(
 
 
 def cpu_running(st: EngineState, r: Request, blocks: int | None = None) -> Request:
-    """A request in the active CPU batch; keeps B_growth (Σ b̂ - b) up to date."""
+    """A request in the active CPU batch; keeps B_growth (Σ b̂ - b) and the Σ context up to
+    date."""
     r.blocks = st.host.allocate(_held(r, blocks))
     r.owner, r.ready, r.transit_to = Owner.CPU, True, None
     st.cpu_running.append(r)
     st.cpu_growth += max(r.peak_blocks - len(r.blocks), 0)
+    st.cpu_context += r.prompt_tokens + r.generated
     st.n_submitted += 1
     return r
 
