@@ -74,6 +74,8 @@ def _place(s: NeoScheduler, r: Request, owner: Owner) -> Request:
     queue.append(r)
     if owner == Owner.CPU:
         s.cpu_q_blocks += blocks_for(r.kv_tokens_after_step, BS)
+    else:
+        s.count_gpu(r, 1)
     s.n_submitted += 1
     return r
 
@@ -529,3 +531,35 @@ def test_check_invariants_catches_a_wrong_cpu_block_total_or_a_finished_request_
     c2.generated = c2.max_tokens
     with pytest.raises(AssertionError, match="finished request left in cpu_q"):
         s.check_invariants()
+
+
+def test_gpu_queue_running_totals_follow_swaps_prefills_decodes_and_finishes():
+    """The GPU queue's Σ blocks, Σ KV and phase counts (kept up to date, not re-summed) match a
+    full recomputation (`check_invariants`) through swap-outs, swap-ins, GPU prefills, block
+    crossings of every decode and finishes; a wrong value of any of them is caught."""
+    s = neo(gpu=6, pred=REJECT_CPU)
+    a = on_gpu(s, dec(15, max_tokens=40))  # crosses into a new block at different steps
+    b = on_gpu(s, dec(30, max_tokens=3))
+    c = on_gpu(s, dec(17, max_tokens=40))
+    waiting(s, req(4, max_tokens=5))  # 1 block: a GPU prefill
+    kinds = set()
+    for k in range(200):
+        plan = step(s, float(k))
+        kinds |= {name for name, rs in (("out", plan.swap_outs), ("in", plan.swap_ins))
+                  if rs}
+        kinds |= {"prefill"} if any(bt.gpu_prefills for bt in plan.batches) else set()
+        assert s.gpu_q_kv == sum(r.kv_tokens_after_step for r in s.gpu_q)
+        if not (s.waiting or s.gpu_q or s.cpu_q):
+            break
+    assert kinds == {"out", "in", "prefill"} and b.finished and a.finished and c.finished
+    s = neo(gpu=64, pred=REJECT_CPU)
+    on_gpu(s, dec(17))
+    step(s)
+    for name, wrong, match in (("gpu_q_blocks", 1, "Σ blocks of gpu_q"),
+                               ("gpu_q_kv", 1, "Σ KV of gpu_q"),
+                               ("gpu_steps", 1, "gpu_q by phase")):
+        setattr(s, name, getattr(s, name) + wrong)
+        with pytest.raises(AssertionError, match=match):
+            s.check_invariants()
+        setattr(s, name, getattr(s, name) - wrong)
+    s.check_invariants()
