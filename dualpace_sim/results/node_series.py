@@ -86,9 +86,13 @@ class StateLog:
         """``time_s`` and :data:`STATE_COLUMNS`, one row per sample; each row holds until the
         next one's time."""
         values = np.frombuffer(self.values, dtype=np.int32).reshape(-1, len(STATE_COLUMNS))
-        return pd.DataFrame({"time_s": np.frombuffer(self.times, dtype=np.float64).copy(),
-                             **{c: values[:, i].astype(np.int64)
-                                for i, c in enumerate(STATE_COLUMNS)}})
+        # One int64 block, made once, each column contiguous in it (Arrow then takes them as
+        # they are): a dict of columns is consolidated into a second copy, and a long run at
+        # low load logs millions of rows (4.7M at 200k requests, 1.5 req/s).
+        columns = np.ascontiguousarray(values.T, dtype=np.int64)
+        frame = pd.DataFrame(columns.T, columns=list(STATE_COLUMNS), copy=False)
+        frame.insert(0, "time_s", np.frombuffer(self.times, dtype=np.float64).copy())
+        return frame
 
 
 class Intervals:
@@ -218,15 +222,28 @@ def busy_shares(series: NodeSeries) -> dict[str, float]:
 def write_series(parts: dict[str, NodeSeries], out: Path,
                  metadata: dict[bytes, bytes] | None = None) -> None:
     """``state.parquet`` and ``utilisation.parquet`` in `out`: each policy's rows, in order,
-    with a ``policy`` column first; `metadata` as each file's key-value metadata."""
+    with a ``policy`` column first; `metadata` as each file's key-value metadata. Written one
+    policy at a time from its own columns: a long run's state log has millions of rows, and a
+    frame of all policies and its Arrow copy would each hold all of them at once. Nothing is
+    written without a policy."""
+    if not parts:
+        return
     for name, attr in ((STATE_FILE, "state"), (UTILISATION_FILE, "utilisation")):
-        frames = [getattr(s, attr).assign(policy=p) for p, s in parts.items()]
-        table = pa.Table.from_pandas(pd.concat(frames, ignore_index=True), preserve_index=False)
-        table = table.select(["policy", *[c for c in table.column_names if c != "policy"]])
-        table = table.replace_schema_metadata(metadata)
 
-        def write(tmp: Path, table: pa.Table = table) -> None:
-            pq.write_table(table, tmp)
+        def write(tmp: Path, attr: str = attr) -> None:
+            writer: pq.ParquetWriter | None = None
+            try:
+                for policy, series in parts.items():
+                    frame = getattr(series, attr)
+                    table = pa.Table.from_pandas(frame, preserve_index=False).add_column(
+                        0, "policy", pa.repeat(pa.scalar(policy, pa.large_string()), len(frame)))
+                    table = table.replace_schema_metadata(metadata)
+                    if writer is None:
+                        writer = pq.ParquetWriter(tmp, table.schema)
+                    writer.write_table(table)
+            finally:
+                if writer is not None:
+                    writer.close()
 
         replace_atomically(out / name, write)
 
