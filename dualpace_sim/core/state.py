@@ -159,6 +159,20 @@ class EngineState:
         assert len(seen) == self.n_submitted, f"{self.n_submitted - len(seen)} requests lost"
         assert hbm_held == self.hbm.used, f"HBM accounting: held {hbm_held}, used {self.hbm.used}"
         assert host_held == self.host.used, f"host accounting: {host_held} vs {self.host.used}"
+        self.check_running_totals()
+        for i, r in self.marked.items():  # a mark: a CPU-owned request the CPU has not finished
+            assert i == r.req_id and seen.get(i) in ("cpu_running", "cpu_waiting") and (
+                r.owner == Owner.CPU), f"mark on request {i} in {seen.get(i)}, {r.owner}"
+        assert self.host_envelope_fits(), (
+            f"host envelope: used {self.host.used} + growth {self.cpu_growth} + waiting growth "
+            f"{self.waiting_growth} + migration {self.b_migration} > capacity "
+            f"{self.host.capacity}"
+        )
+
+    def check_running_totals(self) -> None:
+        """The totals the rounds keep up to date instead of re-summing (B_growth, the CPU
+        frontier's context, the waiting growth, the GPU queue's finish-peak and context, the
+        growing list) against a full recomputation."""
         growth = sum(max(r.peak_blocks - len(r.blocks), 0) for r in self.cpu_running)
         assert growth == self.cpu_growth, f"B_growth {self.cpu_growth}, actual {growth}"
         cpu_context = sum(r.prompt_tokens + r.generated for r in self.cpu_running)
@@ -180,11 +194,3 @@ class EngineState:
         assert kept == growing, f"GPU growing {kept}, actual {growing} (in queue order)"
         needs = {r.next_blocks(bs) for r in self.gpu_growing}
         assert needs <= {1}, f"a growing request needs {max(needs)} blocks, not 1"
-        for i, r in self.marked.items():  # a mark: a CPU-owned request the CPU has not finished
-            assert i == r.req_id and seen.get(i) in ("cpu_running", "cpu_waiting") and (
-                r.owner == Owner.CPU), f"mark on request {i} in {seen.get(i)}, {r.owner}"
-        assert self.host_envelope_fits(), (
-            f"host envelope: used {self.host.used} + growth {self.cpu_growth} + waiting growth "
-            f"{self.waiting_growth} + migration {self.b_migration} > capacity "
-            f"{self.host.capacity}"
-        )
