@@ -53,6 +53,19 @@ def test_the_run_has_both_engines_and_broken_spans(requests):
     assert sum(len(r.spans) > 4 for r in requests) >= 5
 
 
+def test_spans_read_a_chunk_of_requests_at_a_time_are_the_same(requests, monkeypatch):
+    """from_requests reads a few requests' spans at a time (so a 200k-request run's spans
+    never all pass through one Python list): chunks of 7 give the arrays one chunk gives."""
+    import dualpace_sim.results.token_spans as token_spans
+
+    whole = TokenSpans.from_requests(requests)
+    monkeypatch.setattr(token_spans, "FROM_REQUESTS_CHUNK", 7)
+    chunked = TokenSpans.from_requests(requests)
+    for field in ("round_times", "round_owner", "row", "first", "end"):
+        assert np.array_equal(getattr(chunked, field), getattr(whole, field)), field
+    assert len(requests) > 7 * 10
+
+
 def test_token_columns_spell_out_every_token(requests):
     """The token columns read off the spans are each request's token times and owners."""
     tokens = TokenSpans.from_requests(requests)
